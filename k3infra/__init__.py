@@ -1,0 +1,16 @@
+"""k3infra: Kimi K3 on 8x NVIDIA B300 with vLLM, deployed exactly as measured.
+
+`from k3infra import K3ServingStack, K3ServingStackArgs` in any Pulumi program. The
+import is lazy so the `k3infra` CLI (which runs as an init container on every pod start)
+does not pay for loading the Pulumi SDK.
+"""
+
+__all__ = ["K3ServingStack", "K3ServingStackArgs"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from k3infra import stack
+
+        return getattr(stack, name)
+    raise AttributeError(f"module 'k3infra' has no attribute {name!r}")

@@ -1,0 +1,50 @@
+"""`k3infra` command line. Thin: parse arguments, call the layers, print.
+
+Each subcommand lives in its own module with `register(subparsers)`; only the module
+named on the command line is imported, so `k3infra weights verify` (an init container on
+every serving pod start) stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "receipt": ("k3infra.cli.receipt", "show the measured serving receipt"),
+    "render": ("k3infra.cli.render", "render a stack offline (Pulumi SDK mocks)"),
+    "weights": ("k3infra.cli.weights", "weights lock / verify / prefetch"),
+    "policy": ("k3infra.cli.policy", "run the policy pack over a render"),
+    "bench": ("k3infra.cli.bench", "compare benchmark results with the receipt"),
+    "verify": ("k3infra.cli.verify", "check a live deployment against the receipt"),
+}
+
+
+class UsageError(Exception):
+    """Bad input: printed as one clear line, exit status 2."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="k3infra", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
+        importlib.import_module(module).register(sub.add_parser(name, help=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(only).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"k3infra {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

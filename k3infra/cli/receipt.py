@@ -1,0 +1,46 @@
+"""`k3infra receipt show`: print the measured receipt."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="receipt_command", required=True)
+    show = sub.add_parser("show", help="print the shipped receipt")
+    show.add_argument("--file", help="another receipt file of the same schema")
+    show.add_argument("--yaml", action="store_true", help="print the raw YAML")
+    show.set_defaults(func=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from k3infra.receipt import load_receipt, receipt_path
+
+    if args.yaml:
+        print(open(args.file or receipt_path()).read(), end="")
+        return 0
+    r = load_receipt(args.file)
+    console = Console()
+    pins = Table(title=f"receipt {r.id} (measured {r.measured_on})", show_header=False)
+    pins.add_row("model", f"{r.model.repo} ({r.model.quantization})")
+    pins.add_row("weights", f"{r.model.shards} shards, {r.model.size_gb} GB, tree {r.model.tree_digest}")
+    pins.add_row("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit} "
+                 f"(PR {r.engine.pull_request}; excluded: {', '.join(r.engine.build_exclusions)})")
+    pins.add_row("hardware", f"{r.hardware.node}, {r.hardware.gpu_product_label}")
+    pins.add_row("residency", f"{r.residency.weights_gib_per_gpu} GiB weights per GPU")
+    pins.add_row("serve", "vllm serve " + " ".join(r.serve.engine_arg_tokens()))
+    pins.add_row("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items()))
+    w = r.workload_a
+    pins.add_row("workload A", f"{w.description}; output <= {w.output_tokens_max}; "
+                 f"concurrency {w.concurrencies}; {w.warmup_requests} warm-up + "
+                 f"{w.measured_requests} measured")
+    for m in r.measured:
+        pins.add_row(f"measured c={m.concurrency}", f"{m.metric} p50 {m.p50_ms:g} ms / p99 {m.p99_ms:g} ms")
+    pins.add_row("licence", f"{r.license.name}: {r.license.thresholds_text()}")
+    console.print(pins)
+    console.print("[bold]Not measured[/bold] (never implied):")
+    for item in r.not_measured:
+        console.print(f"  - {item}")
+    return 0

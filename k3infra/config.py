@@ -1,0 +1,366 @@
+"""The stack configuration: every `k3:*` key as a pydantic model.
+
+Loaded from Pulumi config by the stack program, and from `stacks/Pulumi.<stack>.yaml`
+plus `--config KEY=VALUE` overrides by `k3infra render`. Invalid input raises
+`ConfigError` naming the key, the value and what is accepted, before any resource is
+registered. No Pulumi import here: the same parser serves both paths.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+
+from k3infra.receipt import load_receipt
+
+NAMESPACE = "k3"
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+DIGEST_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+SECRET_PLACEHOLDER = "[secret]"
+SECRET_KEYS = ("apiKey", "hfToken", "registryPassword")
+
+
+class ConfigError(ValueError):
+    """A `k3:*` key holds a value that is not accepted. The message names all three."""
+
+    def __init__(self, key: str, value: Any, accepted: str):
+        self.key, self.value, self.accepted = key, value, accepted
+        shown = SECRET_PLACEHOLDER if isinstance(value, Secret) else repr(value)
+        super().__init__(f"{key} = {shown}: {accepted}")
+
+
+class Secret:
+    """A config secret. Never prints its value; the component wraps it in a Pulumi
+    secret Output. Offline renders hold the placeholder, never the plaintext."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def reveal(self) -> Any:
+        return self._value
+
+    def __repr__(self) -> str:
+        return SECRET_PLACEHOLDER
+
+    __str__ = __repr__
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
+                              arbitrary_types_allowed=True)
+
+
+class SurfaceConfig(_Section):
+    """Serving-surface settings from the receipt's allow-list (k3:surface)."""
+
+    args: dict[str, Union[str, bool]] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class CustomConfig(_Section):
+    """Engine-path changes; only accepted with `k3:profile: custom` (k3:custom)."""
+
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ServingConfig(_Section):
+    """Pod sizing and the startup budget's inputs (k3:serving)."""
+
+    # Storage read throughput the weights load sees, GB/s. 2 GB/s is a conservative
+    # figure for a parallel file system or one local NVMe; a slow guess only makes the
+    # startup budget more generous, a fast one kills pods still loading.
+    storage_read_gbps: float = Field(default=2.0, gt=0, alias="storageReadGBps")
+    # torch.compile + CUDA graph capture at TP8 after the load, seconds.
+    compile_allowance_seconds: int = Field(default=1800, ge=0, alias="compileAllowanceSeconds")
+    # Multiplier on the load estimate: err on the generous side.
+    startup_safety_factor: float = Field(default=1.5, ge=1.0, alias="startupSafetyFactor")
+    shm_size_gi: int = Field(default=64, ge=1, alias="shmSizeGi")
+    cpu: int = Field(default=96, ge=8)
+    memory_gi: int = Field(default=1536, ge=64, alias="memoryGi")
+    cache_size_gi: int = Field(default=100, ge=1, alias="cacheSizeGi")
+    cache_storage_class: Optional[str] = Field(default=None, alias="cacheStorageClass")
+    termination_grace_seconds: int = Field(default=180, ge=30, alias="terminationGraceSeconds")
+    port: int = Field(default=8000, ge=1, le=65535)
+
+
+class WeightsConfig(_Section):
+    """Where the weights live and how they get there (k3:weights)."""
+
+    mode: Literal["shared", "node-local"] = "shared"
+    lock_file: Optional[str] = Field(default=None, alias="lockFile")
+    storage_class: Optional[str] = Field(default=None, alias="storageClass")
+    size_gi: int = Field(default=1700, ge=1, alias="sizeGi")
+    node_local_root: str = Field(default="/mnt/k3-weights", alias="nodeLocalRoot")
+    # Expected Hub download bandwidth in GB/s: sizes the prefetch Job's timeout.
+    download_gbps: float = Field(default=0.5, gt=0, alias="downloadGBps")
+
+    @field_validator("node_local_root")
+    @classmethod
+    def _abs_root(cls, v: str) -> str:
+        if not v.startswith("/") or ".." in v.split("/"):
+            raise ValueError("must be an absolute path without '..'")
+        return v
+
+
+class EngineConfig(_Section):
+    """How the engine image is obtained (k3:engine)."""
+
+    build: Literal["prebuilt", "in-cluster", "local"] = "prebuilt"
+    registry: Optional[str] = None
+
+
+class NodePoolConfig(_Section):
+    """The B300 node pool (k3:nodePool); `existing` creates nothing."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+    provider: Literal["existing", "aws", "oci", "nebius", "coreweave"] = "existing"
+
+
+class BenchmarkConfig(_Section):
+    """The optional in-cluster benchmark Job (k3:benchmark)."""
+
+    enabled: bool = False
+    concurrencies: list[int] = Field(default_factory=lambda: list(load_receipt().workload_a.concurrencies))
+
+
+class MonitoringConfig(_Section):
+    """Prometheus Operator objects and the Grafana dashboard (k3:monitoring)."""
+
+    service_monitor: bool = Field(default=False, alias="serviceMonitor")
+    prometheus_rule: bool = Field(default=False, alias="prometheusRule")
+    dashboard: bool = False
+    p99_margin_pct: float = Field(default=10.0, ge=0, alias="p99MarginPct")
+
+
+class NetworkConfig(_Section):
+    """Who may reach the serving port (k3:network)."""
+
+    allow_from_namespaces: list[str] = Field(default_factory=list, alias="allowFromNamespaces")
+    allow_from_pod_labels: dict[str, str] = Field(default_factory=dict, alias="allowFromPodLabels")
+    scraper_namespace: str = Field(default="monitoring", alias="scraperNamespace")
+
+
+class StackConfig(_Section):
+    """All `k3:*` keys. Field aliases are the config key names."""
+
+    weights_revision: str = Field(alias="weightsRevision")
+    gpu_product: str = Field(default_factory=lambda: load_receipt().hardware.gpu_product_label,
+                             alias="gpuProduct")
+    gpu_memory_gib: Optional[float] = Field(default=None, gt=0, alias="gpuMemoryGib")
+    engine_image: Optional[str] = Field(default=None, alias="engineImage")
+    replicas: int = Field(default=1, ge=1)
+    profile: Literal["measured", "upstream", "custom"] = "measured"
+    api_key: Secret = Field(alias="apiKey")
+    hf_token: Optional[Secret] = Field(default=None, alias="hfToken")
+    accept_model_license: bool = Field(default=False, alias="acceptModelLicense")
+    namespace: str = "k3"
+    served_model_name: str = Field(default="kimi-k3", alias="servedModelName")
+    surface: SurfaceConfig = Field(default_factory=SurfaceConfig)
+    custom: CustomConfig = Field(default_factory=CustomConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    node_pool: NodePoolConfig = Field(default_factory=NodePoolConfig, alias="nodePool")
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+
+    @field_validator("weights_revision")
+    @classmethod
+    def _pinned_revision(cls, v: str) -> str:
+        if not COMMIT_RE.match(v):
+            raise ValueError("must be a 40-hex Hub commit (lowercase); a branch or tag "
+                             "such as 'main' is never accepted: the receipt pins bytes")
+        return v
+
+    @field_validator("engine_image")
+    @classmethod
+    def _digest_pinned(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>@sha256:<64 hex>")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not DNS_LABEL_RE.match(v) or len(v) > 63:
+            raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
+        return v
+
+    @field_validator("api_key", "hf_token", mode="before")
+    @classmethod
+    def _wrap_secret(cls, v: Any) -> Any:
+        if v is None or isinstance(v, Secret):
+            return v
+        if isinstance(v, str) and not v:
+            raise ValueError("must not be empty")
+        return Secret(v)
+
+
+def _error_key(loc: tuple) -> str:
+    """pydantic location -> the config key a user typed (`k3:serving.shmSizeGi`)."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    return f"{NAMESPACE}:" + ".".join(parts) if parts else NAMESPACE
+
+
+def _accepted(err: dict) -> str:
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "missing":
+        return "is required"
+    if err["type"] == "extra_forbidden":
+        return "is not a known key"
+    return msg
+
+
+def _decode(key: str, value: Any) -> Any:
+    """Config values arrive as strings; objects and lists are JSON (Pulumi's wire form)."""
+    if isinstance(value, str) and value.startswith(("{", "[")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{NAMESPACE}:{key}", value, f"is not valid JSON ({exc.msg})")
+    return value
+
+
+def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -> StackConfig:
+    """Validate `k3:*` keys (full `k3:name` or bare `name`) into a StackConfig.
+
+    Unknown keys are refused (a typo must not silently fall back to a default). Values
+    of secret keys are wrapped before validation so no error message can print them.
+    """
+    data: dict[str, Any] = {}
+    for full_key, value in raw.items():
+        ns, _, key = full_key.rpartition(":")
+        if ns and ns != NAMESPACE:
+            continue
+        value = _decode(key, value)
+        if key in SECRET_KEYS or full_key in secret_keys or key in secret_keys:
+            value = Secret(value) if value is not None else None
+        data[key] = value
+    known = {f.alias or n for n, f in StackConfig.model_fields.items()}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{NAMESPACE}:{key}", data[key],
+                              f"is not a known key; known keys: {', '.join(sorted(known))}")
+    try:
+        cfg = StackConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        value = err.get("input")
+        key = _error_key(err["loc"])
+        if key.split(":", 1)[1].split(".")[0] in SECRET_KEYS:
+            value = Secret(value)
+        raise ConfigError(key, value, _accepted(err)) from None
+    _check_cross_fields(cfg)
+    return cfg
+
+
+def _check_cross_fields(cfg: StackConfig) -> None:
+    receipt = load_receipt()
+    if cfg.profile != "custom" and (cfg.custom.args or cfg.custom.env):
+        raise ConfigError("k3:custom", cfg.custom.model_dump(),
+                          "engine-path changes need k3:profile = custom (the render is then "
+                          "labelled as not the measured configuration)")
+    for flag, value in cfg.surface.args.items():
+        allowed = receipt.serve.surface_flag(flag)
+        if allowed is None:
+            accepted = ", ".join(a.flag for a in receipt.serve.surface.args)
+            raise ConfigError(f"k3:surface.args.{flag}", value,
+                              f"is not an allow-listed surface flag ({accepted}); engine-path "
+                              "flags need k3:profile = custom and k3:custom.args")
+        if allowed.takes_value is isinstance(value, bool):
+            raise ConfigError(f"k3:surface.args.{flag}", value,
+                              "takes a string value" if allowed.takes_value
+                              else "is a switch: true or false")
+    for name, value in cfg.surface.env.items():
+        if name not in receipt.serve.surface.env:
+            raise ConfigError(f"k3:surface.env.{name}", value,
+                              f"is not an allow-listed surface variable "
+                              f"({', '.join(receipt.serve.surface.env)})")
+        if name == "VLLM_API_KEY":
+            raise ConfigError(f"k3:surface.env.{name}", SECRET_PLACEHOLDER,
+                              "the API key comes from the k3:apiKey secret only")
+    if cfg.engine.build == "prebuilt" and cfg.engine_image is None:
+        raise ConfigError("k3:engineImage", None,
+                          "is required with k3:engine.build = prebuilt: "
+                          "<repository>@sha256:<64 hex>")
+    if cfg.profile == "upstream" and cfg.engine.build != "prebuilt":
+        raise ConfigError("k3:engine.build", cfg.engine.build,
+                          "the upstream profile uses a released image: prebuilt only")
+
+
+# --- reading config from a stack file (offline render) --------------------------------
+
+def stack_file(stack: str, root: Path) -> Path:
+    return root / "stacks" / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """`config:` of a Pulumi stack file -> ({'k3:key': value}, secret keys).
+
+    `secure:` ciphertexts cannot be decrypted offline: they become the placeholder."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text()) or {}
+    raw: dict[str, Any] = {}
+    secrets: list[str] = []
+    for key, value in (doc.get("config") or {}).items():
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            raw[key] = SECRET_PLACEHOLDER
+            secrets.append(key)
+        else:
+            raw[key] = value
+    return raw, secrets
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """`KEY=VALUE` (KEY may be `k3:a.b.c`, a dotted path into an object)."""
+    if "=" not in assignment:
+        raise ConfigError("--config", assignment, "takes KEY=VALUE")
+    key, value = assignment.split("=", 1)
+    if ":" not in key:
+        key = f"{NAMESPACE}:{key}"
+    top, *path = key.split(".")
+    parsed: Any = value
+    if value in ("true", "false"):
+        parsed = value == "true"
+    elif value.startswith(("[", "{")):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            raise ConfigError(key, value, "is not valid JSON")
+    if not path:
+        raw[top] = parsed
+        return
+    obj = raw.get(top)
+    obj = json.loads(obj) if isinstance(obj, str) else dict(obj or {})
+    cursor = obj
+    for part in path[:-1]:
+        cursor = cursor.setdefault(part, {})
+        if not isinstance(cursor, dict):
+            raise ConfigError(key, value, f"{part} is not an object")
+    cursor[path[-1]] = parsed
+    raw[top] = obj
+
+
+def to_pulumi_config(raw: dict[str, Any]) -> dict[str, str]:
+    """Pulumi's wire form: every value a string, objects and lists JSON-encoded."""
+    out = {}
+    for key, value in raw.items():
+        if isinstance(value, (dict, list)):
+            out[key] = json.dumps(value)
+        elif isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        else:
+            out[key] = str(value)
+    return out

@@ -1,0 +1,43 @@
+"""Where serving pods land: the one place node labels, taints, tolerations and affinity
+come from, so a node pool and the StatefulSet scheduled onto it can never disagree.
+"""
+from __future__ import annotations
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"     # set by GPU feature discovery
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TAINT_KEY = "nvidia.com/gpu"                 # the usual taint on GPU nodes
+POOL_LABEL = "k3infra.dev/pool"                  # set by k3infra's node pools
+POOL_VALUE = "kimi-k3-b300"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def node_labels() -> dict[str, str]:
+    """Labels a k3infra node pool puts on its nodes (GPU product comes from GFD)."""
+    return {POOL_LABEL: POOL_VALUE}
+
+
+def node_taints() -> list[dict[str, str]]:
+    """Taints a k3infra node pool puts on its nodes (Kubernetes form)."""
+    return [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]
+
+
+def tolerations() -> list[dict[str, str]]:
+    """Tolerations matching node_taints(), plus the bare form other pools use."""
+    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in node_taints()]
+
+
+def node_affinity(gpu_products: list[str], require_pool_label: bool) -> dict:
+    """Required affinity: a GPU product from the accepted set (and the k3infra pool's
+    label when k3infra created the pool; bring-your-own nodes only carry GFD labels)."""
+    expressions = [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(gpu_products)}]
+    if require_pool_label:
+        expressions.append({"key": POOL_LABEL, "operator": "In", "values": [POOL_VALUE]})
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": expressions}]}}
+
+
+def one_replica_per_node(selector_labels: dict[str, str]) -> dict:
+    """One serving pod = one 8-GPU node: never two replicas on one node."""
+    return {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": dict(selector_labels)},
+        "topologyKey": HOSTNAME_LABEL}]}

@@ -1,0 +1,222 @@
+"""The measured serving receipt as data: a YAML file shipped in the package and the
+pydantic model that refuses a malformed one.
+
+Every pin (engine commit, serve flags, weights digest, figures) is read from here; no
+other module repeats a receipt value as a literal.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RECEIPT_FILE = "kimi-k3-8xb300-2026-07-29.yaml"
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(_Strict):
+    node: str
+    gpu_product_label: str
+    gpu_memory_bytes: int = Field(gt=0)
+    compute_capability: str
+    driver_branch_min: int
+
+
+class Model(_Strict):
+    repo: str
+    quantization: str
+    revision: Optional[str] = None
+    shards: int = Field(gt=0)
+    shard_format: str
+    size_gb: float = Field(gt=0)
+    tree_digest: str
+    tree_digest_algorithm: Optional[str] = None
+    total_params: str
+    active_params_per_token: str
+    routed_experts: int
+    active_experts: int
+    shared_experts: int
+    moe_layers: int
+    attention: str
+    vision_tower: str
+    max_context: str
+
+    @field_validator("tree_digest")
+    @classmethod
+    def _digest_form(cls, v: str) -> str:
+        if not _DIGEST.match(v):
+            raise ValueError(f"tree_digest {v!r} is not of the form sha256:<64 hex>")
+        return v
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self.size_gb * 1e9)
+
+
+class Engine(_Strict):
+    name: str
+    version: str
+    repo: str
+    commit: str = Field(pattern=r"^[0-9a-f]{7,40}$")
+    pull_request: int
+    build_exclusions: list[str]
+    cuda_arch: str
+
+
+class EngineArg(_Strict):
+    flag: str = Field(pattern=r"^--[a-z0-9-]+$")
+    value: Optional[str] = None
+    why: str
+
+    def tokens(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+class EnvVar(_Strict):
+    name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$")
+    value: str
+    why: str
+
+
+class SurfaceArg(_Strict):
+    flag: str = Field(pattern=r"^--[a-z0-9-]+$")
+    takes_value: bool
+
+
+class Surface(_Strict):
+    args: list[SurfaceArg]
+    env: list[str]
+
+
+class Serve(_Strict):
+    engine_args: list[EngineArg] = Field(min_length=1)
+    engine_env: list[EnvVar]
+    surface: Surface
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> "Serve":
+        engine_flags = {a.flag for a in self.engine_args}
+        if len(engine_flags) != len(self.engine_args):
+            raise ValueError("serve.engine_args repeats a flag")
+        clash = engine_flags & {a.flag for a in self.surface.args}
+        clash |= {e.name for e in self.engine_env} & set(self.surface.env)
+        if clash:
+            raise ValueError(f"serve: {sorted(clash)} are both engine path and surface")
+        return self
+
+    def engine_arg_tokens(self) -> list[str]:
+        """The measured `vllm serve` flags, flattened, in receipt order."""
+        return [t for a in self.engine_args for t in a.tokens()]
+
+    def engine_env_map(self) -> dict[str, str]:
+        return {e.name: e.value for e in self.engine_env}
+
+    def surface_flag(self, flag: str) -> Optional[SurfaceArg]:
+        return next((a for a in self.surface.args if a.flag == flag), None)
+
+
+class Residency(_Strict):
+    weights_gib_per_gpu: float = Field(gt=0)
+
+
+class WorkloadA(_Strict):
+    description: str
+    prompt_tokens_min: int = Field(gt=0)
+    prompt_tokens_max: int = Field(gt=0)
+    output_tokens_max: int = Field(gt=0)
+    concurrencies: list[int] = Field(min_length=1)
+    warmup_requests: int = Field(ge=0)
+    measured_requests: int = Field(gt=0)
+    runs_agreement_pct: float
+    throughput_unit: str
+
+    @model_validator(mode="after")
+    def _range(self) -> "WorkloadA":
+        if self.prompt_tokens_min > self.prompt_tokens_max:
+            raise ValueError("workload_a: prompt_tokens_min > prompt_tokens_max")
+        return self
+
+
+class Measurement(_Strict):
+    concurrency: int = Field(gt=0)
+    metric: Literal["e2el", "ttft", "tpot", "itl"]
+    p50_ms: float = Field(gt=0)
+    p99_ms: float = Field(gt=0)
+
+
+class GpuSpec(_Strict):
+    memory_gib: Optional[float] = Field(default=None, gt=0)
+    free_gib: Optional[float] = Field(default=None, gt=0)
+    gpus_per_node: int = Field(gt=0)
+
+
+class LicenseSection(_Strict):
+    section: int
+    text: str
+
+
+class License(_Strict):
+    name: str
+    commercial_use: str
+    sections: list[LicenseSection]
+    gated_note: str
+
+    def thresholds_text(self) -> str:
+        return "; ".join(f"Section {s.section}: {s.text}" for s in self.sections)
+
+
+class Receipt(_Strict):
+    schema_: Literal["k3infra.receipt/v1"] = Field(alias="schema")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    measured_on: str
+    hardware: Hardware
+    model: Model
+    engine: Engine
+    serve: Serve
+    residency: Residency
+    workload_a: WorkloadA
+    measured: list[Measurement]
+    not_measured: list[str] = Field(min_length=1)
+    gpus: dict[str, GpuSpec]
+    license: License
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _measured_gpu_known(self) -> "Receipt":
+        if self.hardware.gpu_product_label not in self.gpus:
+            raise ValueError(f"hardware.gpu_product_label {self.hardware.gpu_product_label!r} "
+                             f"is not in gpus: {sorted(self.gpus)}")
+        return self
+
+    @property
+    def measured_gpu(self) -> GpuSpec:
+        return self.gpus[self.hardware.gpu_product_label]
+
+    def measurement(self, concurrency: int, metric: str = "e2el") -> Optional[Measurement]:
+        return next((m for m in self.measured
+                     if m.concurrency == concurrency and m.metric == metric), None)
+
+
+def parse_receipt(data: dict) -> Receipt:
+    return Receipt.model_validate(data)
+
+
+def receipt_path() -> Path:
+    return Path(str(resources.files(__name__).joinpath(RECEIPT_FILE)))
+
+
+@functools.lru_cache(maxsize=None)
+def load_receipt(path: Optional[str] = None) -> Receipt:
+    """The shipped receipt (or another file of the same schema)."""
+    text = Path(path).read_text() if path else receipt_path().read_text()
+    return parse_receipt(yaml.safe_load(text))
