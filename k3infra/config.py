@@ -243,9 +243,10 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -
         ns, _, key = full_key.rpartition(":")
         if ns and ns != NAMESPACE:
             continue
-        value = _decode(key, value)
         if key in SECRET_KEYS or full_key in secret_keys or key in secret_keys:
-            value = Secret(value) if value is not None else None
+            value = Secret(value) if value not in (None, "") else value
+        else:
+            value = _decode(key, value)
         data[key] = value
     known = {f.alias or n for n, f in StackConfig.model_fields.items()}
     for key in data:

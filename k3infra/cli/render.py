@@ -1,0 +1,61 @@
+"""`k3infra render --stack NAME [--config KEY=VALUE ...] --out DIR`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True, help="stacks/Pulumi.<stack>.yaml")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a k3:* key (dotted paths for objects); repeatable")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.set_defaults(func=_render)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from k3infra.cli import UsageError
+    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.hbm import HbmError
+    from k3infra.render import load_config, project_root, render_stack, write_render
+    from k3infra.summary import summary_rows
+
+    console = Console()
+    try:
+        root = project_root()
+        render = render_stack(args.stack, args.config, root)
+    except (ConfigError, HbmError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # the program's own refusal, surfaced by the mock runtime
+        cause = _root_cause(exc)
+        if isinstance(cause, (ConfigError, HbmError)):
+            raise UsageError(str(cause)) from None
+        raise
+    written = write_render(render, args.out)
+    raw, secrets = load_config(args.stack, args.config, root)
+    cfg = parse_stack_config(raw, tuple(secrets))
+
+    table = Table(title=f"k3infra render: stack {args.stack}", show_header=False)
+    for key, value in summary_rows(cfg, render):
+        table.add_row(key, value)
+    console.print(table)
+    counts = Table("resource type", "count", title="resources")
+    for typ, n in sorted(Counter(r["type"] for r in render.resources).items()):
+        counts.add_row(typ, str(n))
+    console.print(counts)
+    for warning in render.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
+                  f"{args.out / 'manifests'}")
+    return 0
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return exc

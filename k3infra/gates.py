@@ -1,0 +1,77 @@
+"""Deployment gates: conditions that warn in a preview or an offline render and refuse
+an update (`pulumi up`). Shipped stacks carry placeholders and do not accept the model
+licence on the user's behalf, so they render everywhere but cannot be deployed as-is.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from k3infra.config import StackConfig
+from k3infra.receipt import Receipt
+
+# Set by `k3infra render`: an offline render is never an update.
+OFFLINE_RENDER_ENV = "K3INFRA_OFFLINE_RENDER"
+PLACEHOLDER_HEX = "0" * 64
+
+
+@dataclass(frozen=True)
+class Gate:
+    key: str
+    message: str
+
+
+class GateError(RuntimeError):
+    """An update was refused by a gate."""
+
+
+def is_placeholder(value: str | None) -> bool:
+    """All-zero hex (a commit or an image digest) marks a value the user must replace."""
+    if not value:
+        return False
+    tail = value.rsplit("@sha256:", 1)[-1]
+    return len(tail) >= 40 and set(tail) == {"0"}
+
+
+def license_text(receipt: Receipt) -> str:
+    lic = receipt.license
+    return (f"The {lic.name} applies to the weights ({lic.commercial_use} commercial use). "
+            f"{lic.thresholds_text()}. {lic.gated_note}. Set k3:acceptModelLicense to true "
+            "once you have read it and your use complies.")
+
+
+def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
+    gates = []
+    if not cfg.accept_model_license:
+        gates.append(Gate("k3:acceptModelLicense", license_text(receipt)))
+    for key, value in (("k3:weightsRevision", cfg.weights_revision),
+                       ("k3:engineImage", cfg.engine_image)):
+        if is_placeholder(value):
+            gates.append(Gate(key, f"{value} is a placeholder: replace it with your pinned value"))
+    if cfg.profile != "measured":
+        gates_note = ("the upstream engine is not the measured engine"
+                      if cfg.profile == "upstream" else "custom engine-path settings")
+        gates.append(Gate("k3:profile", f"{cfg.profile}: NOT the measured configuration of "
+                          f"receipt {receipt.id} ({gates_note}); figures must be re-measured",))
+    return gates
+
+
+# A non-measured profile is a label, not a refusal: it warns even on update.
+_WARN_ONLY = {"k3:profile"}
+
+
+def is_update() -> bool:
+    import pulumi
+
+    return not pulumi.runtime.is_dry_run() and os.environ.get(OFFLINE_RENDER_ENV) != "1"
+
+
+def enforce(gates: list[Gate]) -> None:
+    """Warn about every gate; on an update, refuse if any refusing gate is open."""
+    import pulumi
+
+    refusing = [g for g in gates if g.key not in _WARN_ONLY]
+    for g in gates:
+        pulumi.log.warn(f"{g.key}: {g.message}")
+    if refusing and is_update():
+        raise GateError("refusing to update: " + "; ".join(f"{g.key}: {g.message}" for g in refusing))

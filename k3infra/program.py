@@ -1,0 +1,26 @@
+"""The stack program (`__main__.py`): Pulumi config -> K3ServingStack -> stack outputs."""
+from __future__ import annotations
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+
+from k3infra.config import NAMESPACE
+
+
+def read_k3_config() -> tuple[dict[str, str], list[str]]:
+    """All `k3:*` keys Pulumi passed to this program, and which of them are secrets."""
+    keys = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    raw = {k: runtime_config.get_config(k) for k in keys if k.startswith(f"{NAMESPACE}:")}
+    secret = [k for k in raw if runtime_config.is_config_secret(k)]
+    return raw, secret
+
+
+def run() -> None:
+    from k3infra.config import parse_stack_config
+    from k3infra.stack import K3ServingStack
+
+    raw, secret = read_k3_config()
+    cfg = parse_stack_config(raw, tuple(secret))
+    stack = K3ServingStack(NAMESPACE, cfg)
+    for key, value in stack.outputs().items():
+        pulumi.export(key, value)

@@ -1,0 +1,204 @@
+"""Offline render: run the real stack program (`__main__.py`) under the Pulumi SDK's mock
+monitor and record every registration, with no CLI, cloud account or cluster.
+
+Writes `plan.json` ({"stack", "resources": [{"type", "name", "urn", "parent",
+"dependsOn", "customTimeouts", "inputs"}], "outputs", "warnings"}) and
+`manifests/NNN-<kind>-<name>.yaml` (one Kubernetes object per file, ints as ints).
+Secret values never reach either file: anything Pulumi marks secret becomes `[secret]`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from k3infra.config import (NAMESPACE, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
+                            read_stack_file, stack_file, to_pulumi_config)
+
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"   # pulumi's secret wrapper signature key
+
+
+@dataclass
+class Render:
+    stack: str
+    raw_config: dict[str, Any]
+    secret_keys: list[str]
+    resources: list[dict] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def manifests(self) -> list[dict]:
+        """Kubernetes objects, in registration order (CRDs included, Helm charts not)."""
+        out = []
+        for r in self.resources:
+            inputs = r["inputs"]
+            if r["type"].startswith("kubernetes:") and "kind" in inputs and "apiVersion" in inputs \
+                    and not r["type"].startswith("kubernetes:helm"):
+                out.append(inputs)
+        return out
+
+    def by_type(self, typ: str) -> list[dict]:
+        return [r for r in self.resources if r["type"] == typ]
+
+    def plan(self) -> dict:
+        return {"stack": self.stack, "project": NAMESPACE,
+                "config": {k: (SECRET_PLACEHOLDER if k in self.secret_keys else v)
+                           for k, v in self.raw_config.items()},
+                "resources": self.resources, "outputs": self.outputs,
+                "warnings": self.warnings}
+
+
+def redact(value: Any) -> Any:
+    """Secret-wrapped values -> placeholder; integral floats -> ints (wire numbers are
+    floats); everything else unchanged."""
+    if isinstance(value, dict):
+        if _SECRET_SIG in value:
+            return _mask(value.get("value"))
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _mask(value: Any) -> Any:
+    """Keep the shape of a secret value (a Secret's keys), never its content."""
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    return SECRET_PLACEHOLDER
+
+
+def project_root(start: Optional[Path] = None) -> Path:
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "Pulumi.yaml").is_file() and (d / "__main__.py").is_file():
+            return d
+    raise FileNotFoundError(f"no Pulumi.yaml with __main__.py at or above {here}")
+
+
+def load_config(stack: str, overrides: list[str], root: Path) -> tuple[dict, list[str]]:
+    path = stack_file(stack, root)
+    if not path.is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (root / "stacks").glob("Pulumi.*.yaml"))
+        raise FileNotFoundError(f"--stack {stack}: no {path}; shipped stacks: {', '.join(known)}")
+    raw, secrets = read_stack_file(path)
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return raw, secrets
+
+
+def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
+                mocks: Optional[Any] = None) -> Render:
+    """Run `root/__main__.py` under the mock monitor; raise what the program raises."""
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+    from pulumi.runtime.mocks import MockMonitor
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+    from pulumi.runtime.proto import resource_pb2  # noqa: F401  (loads the protos)
+    from pulumi.runtime import rpc
+
+    from k3infra.gates import OFFLINE_RENDER_ENV
+
+    result = Render(stack, raw, list(secret_keys))
+
+    class Recorder(MockMonitor):
+        def RegisterResource(self, request):  # noqa: N802 (gRPC name)
+            response = super().RegisterResource(request)
+            if request.type != "pulumi:pulumi:Stack":
+                timeouts = request.customTimeouts
+                result.resources.append({
+                    "type": request.type, "name": request.name, "urn": response.urn,
+                    "parent": request.parent or None,
+                    "dependsOn": list(request.dependencies),
+                    "customTimeouts": {k: getattr(timeouts, k) for k in ("create", "update", "delete")
+                                       if getattr(timeouts, k)},
+                    "inputs": redact(rpc.deserialize_properties(request.object)),
+                })
+            return response
+
+    class Outputs(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            if mocks is not None:
+                return mocks.new_resource(args)
+            return f"{args.name}-id", dict(args.inputs)
+
+        def call(self, args):
+            return mocks.call(args) if mocks is not None else {}
+
+    class Warnings(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                result.warnings.append(record.getMessage())
+
+    logger = logging.getLogger(f"k3infra.render.{stack}")
+    logger.propagate = False
+    logger.handlers = [Warnings()]
+    previous_env = os.environ.get(OFFLINE_RENDER_ENV)
+    os.environ[OFFLINE_RENDER_ENV] = "1"
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        runtime_config.set_all_config(to_pulumi_config(raw), list(secret_keys))
+        monitor_mocks = Outputs()
+        pulumi.runtime.set_mocks(monitor_mocks, project=NAMESPACE, stack=stack, preview=False,
+                                 logger=logger, monitor=Recorder(monitor_mocks))
+        root_stack = pulumi.runtime.get_root_resource()
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(root / "__main__.py"),
+                                                           run_name="__main__")))
+        for key, value in (root_stack.outputs or {}).items():
+            resolved = _sync_await(pulumi.Output.from_input(value).future())
+            result.outputs[key] = redact(resolved) if not _is_secret(value) else SECRET_PLACEHOLDER
+    finally:
+        runtime_config.set_all_config({}, [])
+        loop.close()
+        asyncio.set_event_loop(None)
+        if previous_env is None:
+            os.environ.pop(OFFLINE_RENDER_ENV, None)
+        else:
+            os.environ[OFFLINE_RENDER_ENV] = previous_env
+    return result
+
+
+def _is_secret(value: Any) -> bool:
+    import pulumi
+    from pulumi.runtime.sync_await import _sync_await
+
+    return isinstance(value, pulumi.Output) and bool(_sync_await(value.is_secret()))
+
+
+def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = None) -> Render:
+    root = root or project_root()
+    raw, secrets = load_config(stack, list(overrides), root)
+    # Validate first: a clear ConfigError beats a traceback from inside the program.
+    parse_stack_config(raw, tuple(secrets))
+    cwd = os.getcwd()
+    os.chdir(root)       # relative paths in config (lock files) resolve like under `pulumi`
+    try:
+        return run_program(stack, raw, secrets, root)
+    finally:
+        os.chdir(cwd)
+
+
+def write_render(render: Render, out: Path) -> list[Path]:
+    import yaml
+
+    manifests_dir = out / "manifests"
+    manifests_dir.mkdir(parents=True, exist_ok=True)
+    for old in manifests_dir.glob("*.yaml"):
+        old.unlink()
+    (out / "plan.json").write_text(json.dumps(render.plan(), indent=2, sort_keys=False) + "\n")
+    written = []
+    for i, obj in enumerate(render.manifests(), 1):
+        name = obj.get("metadata", {}).get("name", "unnamed")
+        path = manifests_dir / f"{i:03d}-{obj['kind'].lower()}-{name}.yaml"
+        head = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
+        path.write_text(yaml.safe_dump({**head, **obj}, sort_keys=False))
+        written.append(path)
+    return written

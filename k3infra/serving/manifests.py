@@ -1,0 +1,274 @@
+"""Pure builders of the serving objects: the vLLM StatefulSet that carries the receipt's
+flag set, its Services, PodDisruptionBudget and API-key Secret.
+
+(receipt, config, inputs) -> Kubernetes manifest dicts. Values that come from other
+resources (image digest, secret values) pass through untouched, so the same builder
+serves `pulumi up` (Outputs) and the offline render (strings).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from k3infra import placement
+from k3infra.config import StackConfig
+from k3infra.receipt import Receipt
+from k3infra.serving.startup import PROBE_PERIOD_SECONDS, StartupBudget, startup_budget_seconds
+from k3infra.weights.manifests import WeightsParts
+
+APP = "kimi-k3"
+CACHE_ROOT = "/cache"                 # the compile-cache volume (survives pod restarts)
+API_KEY_SECRET_KEY = "api-key"
+# The LB / kube-proxy needs a moment to drop a terminating pod from the Service before
+# vLLM gets SIGTERM; uvicorn then finishes in-flight requests during the grace period.
+PRESTOP_DRAIN_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class ServingNames:
+    base: str
+    namespace: str
+
+    @property
+    def statefulset(self) -> str:
+        return self.base
+
+    @property
+    def service(self) -> str:
+        return self.base
+
+    @property
+    def headless(self) -> str:
+        return f"{self.base}-headless"
+
+    @property
+    def api_key_secret(self) -> str:
+        return f"{self.base}-api-key"
+
+    @property
+    def hf_token_secret(self) -> str:
+        return f"{self.base}-hf-token"
+
+    @property
+    def pdb(self) -> str:
+        return self.base
+
+
+def labels(instance: str, component: str = "serving") -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "k3infra",
+            "app.kubernetes.io/managed-by": "pulumi"}
+
+
+def selector_labels(instance: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/component": "serving"}
+
+
+def is_measured(cfg: StackConfig) -> bool:
+    """Only the measured profile renders the receipt's configuration."""
+    return cfg.profile == "measured"
+
+
+def pin_annotations(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
+    measured = is_measured(cfg)
+    return {"k3infra.dev/receipt": receipt.id,
+            "k3infra.dev/engine-commit": receipt.engine.commit,
+            "k3infra.dev/engine-version": receipt.engine.version,
+            "k3infra.dev/weights-repo": receipt.model.repo,
+            "k3infra.dev/weights-revision": cfg.weights_revision,
+            "k3infra.dev/tree-digest": receipt.model.tree_digest,
+            "k3infra.dev/profile": cfg.profile,
+            "k3infra.dev/measured-configuration": "true" if measured else "false",
+            **({} if measured else {"k3infra.dev/warning":
+                f"profile {cfg.profile}: NOT the measured configuration of receipt {receipt.id}"})}
+
+
+def surface_arg_tokens(cfg: StackConfig) -> list[str]:
+    """Allow-listed serving-surface flags: k3infra's defaults, then the stack's."""
+    values: dict[str, Any] = {"--served-model-name": cfg.served_model_name,
+                              "--host": "0.0.0.0", "--port": str(cfg.serving.port)}
+    values.update(cfg.surface.args)
+    tokens: list[str] = []
+    for flag, value in values.items():
+        if value is True:
+            tokens.append(flag)
+        elif value is not False:
+            tokens += [flag, str(value)]
+    return tokens
+
+
+def serve_args(receipt: Receipt, cfg: StackConfig, model_dir: str) -> list[str]:
+    """`vllm serve` arguments: the model dir, the receipt's engine args in receipt order,
+    custom engine args (profile custom only), then the surface args."""
+    custom = list(cfg.custom.args) if cfg.profile == "custom" else []
+    return [model_dir, *receipt.serve.engine_arg_tokens(), *custom, *surface_arg_tokens(cfg)]
+
+
+def serve_env(receipt: Receipt, cfg: StackConfig, budget: StartupBudget,
+              api_key_secret: str) -> list[dict]:
+    """Engine-path env from the receipt, then surface env. The receipt records no NCCL
+    tuning: all-reduce runs on NCCL defaults (custom all-reduce is off), so NCCL_* tuning
+    is engine path (profile custom) and only NCCL_DEBUG / interface selection are surface."""
+    env: dict[str, Any] = dict(receipt.serve.engine_env_map())
+    if cfg.profile == "custom":
+        env.update(cfg.custom.env)
+    env.update({
+        "HF_HUB_OFFLINE": "1",                       # a serving pod never reaches the Hub
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(budget.total_seconds),
+        "VLLM_CACHE_ROOT": f"{CACHE_ROOT}/vllm",
+        "TRITON_CACHE_DIR": f"{CACHE_ROOT}/triton",
+        "XDG_CACHE_HOME": f"{CACHE_ROOT}/xdg",
+        "HOME": "/tmp",
+    })
+    env.update(cfg.surface.env)
+    out = [{"name": k, "value": str(v)} for k, v in env.items()]
+    out.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": api_key_secret, "key": API_KEY_SECRET_KEY}}})
+    return out
+
+
+def _probe(path: str, port: int, period: int, failures: int, timeout: int = 5) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+                   names: ServingNames, budget: StartupBudget) -> dict:
+    port = cfg.serving.port
+    s = cfg.serving
+    gpus = str(receipt.measured_gpu.gpus_per_node)
+    return {
+        "name": "vllm",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["vllm", "serve"],
+        "args": serve_args(receipt, cfg, weights.model_dir),
+        "env": serve_env(receipt, cfg, budget, names.api_key_secret),
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
+            "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
+        },
+        "startupProbe": _probe("/health", port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
+        "readinessProbe": _probe("/health", port, 10, 3),
+        "livenessProbe": _probe("/health", port, 30, 4, timeout=10),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_DRAIN_SECONDS}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        "volumeMounts": [*weights.main_mounts,
+                         {"name": "cache", "mountPath": CACHE_ROOT},
+                         {"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+                names: ServingNames, instance: str) -> dict:
+    """One pod = one 8-GPU node = one replica."""
+    budget = startup_budget_seconds(receipt, cfg.serving)
+    sel = selector_labels(instance)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": cfg.serving.termination_grace_seconds,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                            "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "affinity": {
+            "nodeAffinity": placement.node_affinity([cfg.gpu_product],
+                                                    cfg.node_pool.provider != "existing"),
+            "podAntiAffinity": placement.one_replica_per_node(sel)},
+        "tolerations": placement.tolerations(),
+        "initContainers": list(weights.init_containers),
+        "containers": [vllm_container(receipt, cfg, image, weights, names, budget)],
+        "volumes": [*weights.volumes,
+                    # NCCL and the 8 TP workers exchange through /dev/shm: memory-backed.
+                    {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                  "sizeLimit": f"{cfg.serving.shm_size_gi}Gi"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}],
+    }
+    cache_claim: dict[str, Any] = {
+        "metadata": {"name": "cache"},
+        "spec": {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": f"{cfg.serving.cache_size_gi}Gi"}}}}
+    if cfg.serving.cache_storage_class:
+        cache_claim["spec"]["storageClassName"] = cfg.serving.cache_storage_class
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": names.statefulset, "namespace": names.namespace,
+                     "labels": labels(instance), "annotations": pin_annotations(receipt, cfg)},
+        "spec": {
+            "serviceName": names.headless,
+            "replicas": cfg.replicas,
+            # Replicas load 1.5 TB each: start them together, not one after another.
+            "podManagementPolicy": "Parallel",
+            # One node at a time on updates (see docs/operations.md).
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "selector": {"matchLabels": sel},
+            "template": {"metadata": {"labels": labels(instance),
+                                      "annotations": pin_annotations(receipt, cfg)},
+                         "spec": pod_spec},
+            "volumeClaimTemplates": [cache_claim],
+        },
+    }
+
+
+def api_key_secret(names: ServingNames, instance: str, value: Any) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": names.api_key_secret, "namespace": names.namespace,
+                         "labels": labels(instance)},
+            "stringData": {API_KEY_SECRET_KEY: value}}
+
+
+def hf_token_secret(names: ServingNames, instance: str, value: Any) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": names.hf_token_secret, "namespace": names.namespace,
+                         "labels": labels(instance, "weights-prefetch")},
+            "stringData": {"token": value}}
+
+
+def services(cfg: StackConfig, names: ServingNames, instance: str) -> list[dict]:
+    port = {"name": "http", "port": cfg.serving.port, "targetPort": "http", "protocol": "TCP"}
+    sel = selector_labels(instance)
+    return [
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": names.headless, "namespace": names.namespace,
+                      "labels": labels(instance)},
+         "spec": {"clusterIP": "None", "selector": sel, "ports": [port]}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": names.service, "namespace": names.namespace,
+                      "labels": labels(instance)},
+         "spec": {"type": "ClusterIP", "selector": sel, "ports": [port]}},
+    ]
+
+
+def disruption_budget(names: ServingNames, instance: str) -> dict:
+    """At most one serving node drained at a time."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": names.pdb, "namespace": names.namespace,
+                         "labels": labels(instance)},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(instance)}}}
+
+
+def namespace(name: str, instance: str, pod_security: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {
+                **labels(instance, "namespace"),
+                "pod-security.kubernetes.io/enforce": pod_security,
+                "pod-security.kubernetes.io/warn": "restricted"}}}
+
+
+def pod_security_level(cfg: StackConfig) -> str:
+    """`restricted`, except node-local weights: a hostPath volume is only allowed at
+    `privileged` (the containers themselves still meet `restricted`; `warn` says so)."""
+    return "privileged" if cfg.weights.mode == "node-local" else "restricted"
+
+
+def endpoint_url(cfg: StackConfig, names: ServingNames) -> str:
+    return f"http://{names.service}.{names.namespace}.svc.cluster.local:{cfg.serving.port}"
+
+
+def serve_command_line(receipt: Receipt, cfg: StackConfig, model_dir: str) -> str:
+    return " ".join(["vllm", "serve", *serve_args(receipt, cfg, model_dir)])

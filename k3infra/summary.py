@@ -1,0 +1,35 @@
+"""What a render prints: pins, the full `vllm serve` line, placement, HBM headroom,
+startup budget. Pure: (config, render) -> rows."""
+from __future__ import annotations
+
+from k3infra.config import StackConfig
+from k3infra.hbm import hbm_fit
+from k3infra.receipt import load_receipt
+from k3infra.serving import manifests as m
+from k3infra.serving.startup import startup_budget_seconds
+from k3infra.weights import manifests as w
+
+
+def summary_rows(cfg: StackConfig, render) -> list[tuple[str, str]]:
+    r = load_receipt()
+    lay = w.layout(r, cfg)
+    budget = startup_budget_seconds(r, cfg.serving)
+    measured = m.is_measured(cfg)
+    image = render.outputs.get("image", cfg.engine_image)
+    return [
+        ("receipt", r.id),
+        ("profile", cfg.profile if measured else
+         f"[bold red]{cfg.profile}: NOT the measured configuration[/bold red]"),
+        ("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit}"),
+        ("image", str(image)),
+        ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
+        ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
+         f"{w.prefetch_timeout_seconds(r, cfg)} s"),
+        ("vllm serve", m.serve_command_line(r, cfg, lay.tree)),
+        ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
+        ("placement", f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "
+         f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "
+         f"pool: {cfg.node_pool.provider}"),
+        ("HBM", hbm_fit(r, cfg.gpu_product, cfg.gpu_memory_gib).summary()),
+        ("startup budget", budget.summary()),
+    ]
