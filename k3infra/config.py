@@ -288,6 +288,29 @@ class BenchmarkConfig(_Section):
 
     enabled: bool = False
     concurrencies: list[int] = Field(default_factory=lambda: list(load_receipt().workload_a.concurrencies))
+    # The receipt's grid is repeated this many times (its two runs agreed within 0.4 %);
+    # every run and every request gets its own prompt.
+    runs: int = Field(default=2, ge=1, le=10)
+    # Seeds Workload A's prompts: same seed + run id + tokenizer -> identical prompts.
+    seed: int = Field(default=0, ge=0)
+    # Measured requests per concurrency; None = the receipt's count (a different count
+    # is no longer the receipt's workload and `bench compare` says so).
+    measured_requests: Optional[int] = Field(default=None, ge=1, le=10000, alias="measuredRequests")
+    # Every request generates exactly the receipt's output cap (comparable e2e latency).
+    ignore_eos: bool = Field(default=True, alias="ignoreEos")
+    # `bench compare` / `verify`: allowed |measured - receipt| / receipt, both directions.
+    tolerance_pct: float = Field(default=10.0, ge=0, le=100, alias="tolerancePct")
+    results_size_gi: int = Field(default=1, ge=1, alias="resultsSizeGi")
+    results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
+    # The Job's deadline and how long `pulumi up` waits for it.
+    timeout_minutes: int = Field(default=90, ge=10, le=1440, alias="timeoutMinutes")
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _positive_unique(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 for c in v) or len(set(v)) != len(v):
+            raise ValueError("must be a non-empty list of distinct integers >= 1")
+        return v
 
 
 class MonitoringConfig(_Section):
@@ -416,9 +439,9 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -
         cfg = StackConfig.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        value = err.get("input")
+        value = None if err["type"] == "missing" else err.get("input")
         key = _error_key(err["loc"])
-        if key.split(":", 1)[1].split(".")[0] in SECRET_KEYS:
+        if value is not None and key.split(":", 1)[1].split(".")[0] in SECRET_KEYS:
             value = Secret(value)
         raise ConfigError(key, value, _accepted(err)) from None
     _check_cross_fields(cfg)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from k3infra.config import (NAMESPACE, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
+from k3infra.config import (NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
                             read_stack_file, stack_file, to_pulumi_config)
 
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"   # pulumi's secret wrapper signature key
@@ -90,6 +90,8 @@ def load_config(stack: str, overrides: list[str], root: Path) -> tuple[dict, lis
     raw, secrets = read_stack_file(path)
     for assignment in overrides:
         apply_override(raw, assignment)
+    # A secret given with --config is still a secret.
+    secrets += [k for k in raw if k.rpartition(":")[2] in SECRET_KEYS and k not in secrets]
     return raw, secrets
 
 

@@ -1,0 +1,42 @@
+"""Shared fixtures: offline renders of shipped stacks (cached per session) and the
+receipt. Renders run the real stack program under the Pulumi SDK's mocks."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from k3infra.receipt import load_receipt
+from k3infra.render import Render, render_stack
+
+ROOT = Path(__file__).resolve().parent.parent
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
+GOOD_REVISION = "3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c"
+
+
+@functools.lru_cache(maxsize=None)
+def _render(stack: str, overrides: tuple[str, ...]) -> Render:
+    return render_stack(stack, list(overrides), ROOT)
+
+
+def render(stack: str = "existing", *overrides: str) -> Render:
+    """A cached offline render of a shipped stack with `--config` overrides."""
+    return _render(stack, tuple(overrides))
+
+
+def manifest(r: Render, kind: str, name: str | None = None) -> dict:
+    found = [m for m in r.manifests()
+             if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def container(r: Render, name: str = "vllm") -> dict:
+    sts = manifest(r, "StatefulSet")
+    return next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+@pytest.fixture(scope="session")
+def receipt():
+    return load_receipt()

@@ -1,0 +1,141 @@
+"""`k3infra render`: the real stack program under the SDK's mocks, written to disk."""
+import json
+
+import pulumi
+import pytest
+import yaml
+
+from k3infra.cli import main
+from k3infra.render import write_render
+
+from conftest import GOOD_REVISION, ROOT, render
+
+PIN = f"weightsRevision={GOOD_REVISION}"
+API_KEY = "sk-k3-test-DO-NOT-LEAK-7f3a9c"
+HF_TOKEN = "hf_DoNotLeakThisToken1234567890"
+
+
+def test_plan_and_manifests_on_disk(tmp_path):
+    r = render("existing", PIN)
+    written = write_render(r, tmp_path)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["stack"] == "existing"
+    types = [res["type"] for res in plan["resources"]]
+    assert "k3infra:index:K3ServingStack" in types
+    for res in plan["resources"]:
+        assert {"type", "name", "parent", "inputs", "dependsOn"} <= set(res)
+    docs = [yaml.safe_load(p.read_text()) for p in written]
+    assert [d["kind"] for d in docs].count("StatefulSet") == 1
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert isinstance(sts["spec"]["replicas"], int)           # ints as ints, not 1.0
+    assert list(sts)[:3] == ["apiVersion", "kind", "metadata"]
+
+
+def test_parents_and_ordering():
+    r = render("existing", PIN)
+    by_name = {res["name"]: res for res in r.resources}
+    stack_urn = by_name["k3"]["urn"]
+    assert by_name["k3-serving"]["parent"] == stack_urn
+    sts = by_name["k3-serving-statefulset"]
+    assert sts["parent"] == by_name["k3-serving"]["urn"]
+    job_urn = by_name["k3-weights-job"]["urn"]
+    assert job_urn in sts["dependsOn"]                      # serving waits for verified weights
+    assert sts["customTimeouts"]["create"].endswith("m")
+    assert by_name["k3-weights-job"]["customTimeouts"]["create"].endswith("m")
+
+
+def test_stack_outputs(receipt):
+    out = render("existing", PIN).outputs
+    assert out["receiptId"] == receipt.id
+    assert out["engineCommit"] == receipt.engine.commit
+    assert out["weightsRevision"] == GOOD_REVISION
+    assert out["treeDigest"] == receipt.model.tree_digest
+    assert out["endpoint"] == "http://kimi-k3.k3.svc.cluster.local:8000"
+    assert out["servedModelName"] == "kimi-k3"
+    assert out["image"].split("@sha256:")[1]
+    assert out["licenseName"] == receipt.license.name
+
+
+def test_secrets_never_written(tmp_path):
+    r = render("existing", PIN, f"apiKey={API_KEY}", f"hfToken={HF_TOKEN}")
+    write_render(r, tmp_path)
+    for path in [tmp_path / "plan.json", *sorted((tmp_path / "manifests").glob("*.yaml"))]:
+        text = path.read_text()
+        assert API_KEY not in text and HF_TOKEN not in text, path
+    secrets = {m["metadata"]["name"]: m for m in r.manifests() if m["kind"] == "Secret"}
+    assert secrets["kimi-k3-api-key"]["stringData"] == {"api-key": "[secret]"}
+    assert secrets["kimi-k3-hf-token"]["stringData"] == {"token": "[secret]"}
+
+
+def test_shipped_secure_values_render_as_placeholders(tmp_path):
+    r = render("existing")
+    assert r.plan()["config"]["k3:apiKey"] == "[secret]"
+
+
+def test_cli_render_prints_summary(tmp_path, capsys):
+    assert main(["render", "--stack", "existing", "--config", PIN, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for needle in ("vllm serve", "--moe-backend marlin", "HBM", "headroom", "startup budget",
+                   "StatefulSet", "placement"):
+        assert needle in out
+    assert (tmp_path / "plan.json").is_file()
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("weightsRevision=main", "k3:weightsRevision = 'main'"),
+    ("gpuProduct=NVIDIA-B200", "175.75 GiB free"),
+    ("engineImage=vllm/vllm-openai:latest", "k3:engineImage"),
+    ("replicas=0", "k3:replicas"),
+])
+def test_cli_render_refuses_bad_config(tmp_path, capsys, override, needle):
+    assert main(["render", "--stack", "existing", "--config", override,
+                 "--out", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert needle in err
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_unknown_stack(tmp_path, capsys):
+    assert main(["render", "--stack", "nope", "--out", str(tmp_path)]) == 2
+    assert "shipped stacks" in capsys.readouterr().err
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    def __init__(self):
+        self.registered = []
+
+    def new_resource(self, args):
+        self.registered.append(args)
+        return f"{args.name}-id", args.inputs
+
+    def call(self, args):
+        return {}
+
+
+def test_component_importable_from_another_program():
+    """`from k3infra import K3ServingStack` in someone else's program, through mocks."""
+    import asyncio
+
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    mocks = _Mocks()
+    pulumi.runtime.set_mocks(mocks, project="other", stack="dev", preview=False)
+    from k3infra import K3ServingStack, K3ServingStackArgs
+
+    @pulumi.runtime.test
+    def program():
+        stack = K3ServingStack("kimi", K3ServingStackArgs(
+            weightsRevision=GOOD_REVISION, apiKey=pulumi.Output.secret("sk-x"),
+            engineImage="registry.example.com/vllm@sha256:" + "2" * 64,
+            acceptModelLicense=True, namespace="inference"))
+
+        def check(values):
+            endpoint, image, _, _ = values
+            assert endpoint == "http://kimi-k3.inference.svc.cluster.local:8000"
+            assert image.endswith("2" * 64)
+            types = [a.typ for a in mocks.registered]
+            assert "kubernetes:apps/v1:StatefulSet" in types
+            assert "kubernetes:batch/v1:Job" in types
+        return pulumi.Output.all(stack.endpoint, stack.image, stack.serving.statefulset.urn,
+                                 stack.weights.job.urn).apply(check)
+
+    program()

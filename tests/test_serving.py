@@ -1,0 +1,158 @@
+"""The rendered vLLM StatefulSet carries exactly the receipt's configuration: asserted
+against the receipt (the source of truth) and, for the seven measured settings, against
+the literal flags of shared/K3_FACTS.md."""
+import pytest
+
+from k3infra.config import parse_stack_config
+from k3infra.serving import manifests as m
+from k3infra.serving.startup import startup_budget_seconds
+
+from conftest import GOOD_REVISION, container, manifest, render
+
+PIN = f"weightsRevision={GOOD_REVISION}"
+
+
+def test_args_are_model_dir_then_receipt_engine_args_then_surface(receipt):
+    r = render("existing", PIN)
+    c = container(r)
+    assert c["command"] == ["vllm", "serve"]
+    n = len(receipt.serve.engine_arg_tokens())
+    assert c["args"][0] == f"/weights/moonshotai--Kimi-K3/{GOOD_REVISION}"
+    assert c["args"][1:1 + n] == receipt.serve.engine_arg_tokens()
+    assert c["args"][1 + n:] == ["--served-model-name", "kimi-k3", "--host", "0.0.0.0",
+                                 "--port", "8000"]
+    surface = {a.flag for a in receipt.serve.surface.args}
+    assert {t for t in c["args"][1 + n:] if t.startswith("--")} <= surface
+
+
+def test_the_seven_measured_settings_literally():
+    c = container(render("existing", PIN))
+    args = " ".join(c["args"])
+    for setting in ("--tensor-parallel-size 8 --enable-expert-parallel", "--max-model-len 40960",
+                    "--moe-backend marlin", "--kda-prefill-backend triton",
+                    "--disable-custom-all-reduce", "--block-size 128"):
+        assert setting in args
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_env_is_receipt_env_plus_allow_listed_surface(receipt):
+    c = container(render("existing", PIN))
+    names = [e["name"] for e in c["env"]]
+    engine = list(receipt.serve.engine_env_map())
+    assert names[:len(engine)] == engine
+    assert set(names[len(engine):]) <= set(receipt.serve.surface.env)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"
+    assert env["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "kimi-k3-api-key", "key": "api-key"}}}
+    budget = startup_budget_seconds(receipt, parse_stack_config(
+        {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
+         "k3:engineImage": "r@sha256:" + "1" * 64}).serving)
+    assert int(env["VLLM_ENGINE_READY_TIMEOUT_S"]["value"]) == budget.total_seconds
+
+
+def test_surface_settings_are_added_after_engine_args(receipt):
+    c = container(render("existing", PIN, 'surface={"args": {"--tool-call-parser": "kimi_k2", '
+                         '"--enable-auto-tool-choice": true}, "env": {"NCCL_DEBUG": "WARN"}}'))
+    assert c["args"][-3:] == ["--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice"]
+    assert {"name": "NCCL_DEBUG", "value": "WARN"} in c["env"]
+
+
+def test_gpus_resources_shm_and_probes(receipt):
+    r = render("existing", PIN)
+    c = container(r)
+    gpus = str(receipt.measured_gpu.gpus_per_node)
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == gpus == c["resources"]["limits"]["nvidia.com/gpu"]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(c["resources"][kind])
+    pod = manifest(r, "StatefulSet")["spec"]["template"]["spec"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"] == "64Gi"
+    probe = c["startupProbe"]
+    assert probe["httpGet"]["path"] == "/health"
+    # the budget covers the weights at the configured read speed plus compile time
+    load_s = receipt.model.size_bytes / 2e9
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= load_s * 1.5 + 1800
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+    assert pod["terminationGracePeriodSeconds"] >= receipt.measurement(8).p99_ms / 1000
+
+
+def test_startup_budget_scales_with_storage_speed(receipt):
+    slow = container(render("existing", PIN, "serving.storageReadGBps=0.5"))["startupProbe"]
+    fast = container(render("existing", PIN))["startupProbe"]
+    assert slow["failureThreshold"] > fast["failureThreshold"]
+
+
+def test_placement_security_and_volumes(receipt):
+    r = render("existing", PIN)
+    sts = manifest(r, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expr = terms["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expr == {"key": "nvidia.com/gpu.product", "operator": "In",
+                    "values": [receipt.hardware.gpu_product_label]}
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    c = container(r)
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    mounts = {v["name"]: v for v in c["volumeMounts"]}
+    assert mounts["weights"]["readOnly"] is True
+    assert mounts["cache"]["mountPath"] == "/cache"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VLLM_CACHE_ROOT"].startswith("/cache/")
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["cache"]
+    gate = pod["initContainers"][0]
+    assert gate["name"] == "weights-gate" and "gate.sh" in gate["command"][-1]
+
+
+def test_labels_annotations_services_pdb(receipt):
+    r = render("existing", PIN)
+    sts = manifest(r, "StatefulSet")
+    ann = sts["metadata"]["annotations"]
+    assert ann["k3infra.dev/receipt"] == receipt.id
+    assert ann["k3infra.dev/engine-commit"] == receipt.engine.commit
+    assert ann["k3infra.dev/weights-revision"] == GOOD_REVISION
+    assert ann["k3infra.dev/tree-digest"] == receipt.model.tree_digest
+    assert ann["k3infra.dev/measured-configuration"] == "true"
+    assert sts["metadata"]["labels"]["app.kubernetes.io/name"] == "kimi-k3"
+    assert manifest(r, "Service", "kimi-k3-headless")["spec"]["clusterIP"] == "None"
+    svc = manifest(r, "Service", "kimi-k3")["spec"]
+    assert svc["ports"][0]["port"] == 8000 and svc["type"] == "ClusterIP"
+    assert manifest(r, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert sts["spec"]["serviceName"] == "kimi-k3-headless"
+
+
+def test_custom_profile_is_labelled_not_measured(receipt):
+    r = render("existing", PIN, "profile=custom", 'custom={"args": ["--max-num-seqs", "64"]}')
+    sts = manifest(r, "StatefulSet")
+    assert sts["metadata"]["annotations"]["k3infra.dev/measured-configuration"] == "false"
+    assert "NOT the measured" in sts["metadata"]["annotations"]["k3infra.dev/warning"]
+    assert "--max-num-seqs" in container(r)["args"]
+    assert any("NOT the measured configuration" in w for w in r.warnings)
+    assert r.outputs["profile"] == "custom"
+
+
+def test_replicas_and_node_local_mode():
+    r = render("existing", PIN, "replicas=3", "weights.mode=node-local")
+    assert manifest(r, "StatefulSet")["spec"]["replicas"] == 3
+    job = manifest(r, "Job")
+    assert job["spec"]["completions"] == 3 and job["spec"]["parallelism"] == 3
+    vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
+    assert vol["hostPath"]["path"] == "/mnt/k3-weights"
+    assert not [m for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"]
+    ns = manifest(r, "Namespace")["metadata"]["labels"]
+    assert ns["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_serve_command_line_matches_container(receipt):
+    r = render("existing", PIN)
+    c = container(r)
+    cfg = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
+                              "k3:engineImage": "r@sha256:" + "1" * 64})
+    assert m.serve_command_line(receipt, cfg, c["args"][0]) == " ".join(c["command"] + c["args"])
