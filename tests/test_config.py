@@ -121,3 +121,20 @@ def test_unknown_gpu_needs_its_memory(receipt):
     assert hbm_fit(receipt, "NVIDIA-X1000", 300.0).headroom_gib == pytest.approx(124.6)
     with pytest.raises(HbmError, match="does not fit"):
         hbm_fit(receipt, "NVIDIA-X1000", 141.0)
+
+
+def test_pulumi_yaml_declares_the_scalar_keys():
+    """Pulumi.yaml's declared keys and the config model never drift apart."""
+    import yaml
+    from pydantic import BaseModel
+
+    from k3infra.config import StackConfig
+    from conftest import ROOT
+
+    declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
+    scalar = {f.alias or n for n, f in StackConfig.model_fields.items()
+              if not (isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))}
+    assert set(declared) == scalar
+    for key in ("apiKey", "hfToken"):
+        assert declared[key]["secret"] is True
+    assert all(v.get("description") for v in declared.values())
