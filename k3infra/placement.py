@@ -11,14 +11,24 @@ POOL_VALUE = "kimi-k3-b300"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-def node_labels() -> dict[str, str]:
-    """Labels a k3infra node pool puts on its nodes (GPU product comes from GFD)."""
-    return {POOL_LABEL: POOL_VALUE}
+def node_labels(gpu_product: str | None = None) -> dict[str, str]:
+    """Labels a k3infra node pool puts on its nodes. The GPU product label normally comes
+    from GPU feature discovery; a pool whose platform runs no GFD we control (CoreWeave)
+    passes `gpu_product` so the same affinity still matches its nodes."""
+    labels = {POOL_LABEL: POOL_VALUE}
+    if gpu_product is not None:
+        labels[GPU_PRODUCT_LABEL] = gpu_product
+    return labels
 
 
 def node_taints() -> list[dict[str, str]]:
     """Taints a k3infra node pool puts on its nodes (Kubernetes form)."""
     return [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]
+
+
+def kubelet_taints() -> str:
+    """node_taints() as kubelet's --register-with-taints value (key=value:Effect,...)."""
+    return ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in node_taints())
 
 
 def tolerations() -> list[dict[str, str]]:

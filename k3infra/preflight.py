@@ -1,0 +1,150 @@
+"""Preflight: the checks that must pass before any resource is created, pure.
+
+- HBM fit per node (k3infra.hbm) and that the pool's GPUs are the configured ones;
+- node count vs replicas (one replica is one whole 8-GPU node);
+- local NVMe per node vs the weights (lock total, or the receipt's size) plus a margin,
+  in node-local mode;
+- Capacity Block AZ vs the node group's subnets (AWS).
+
+Each check returns a `Check` (one line for the render) or raises `PreflightError`, a
+`ConfigError` naming the key, the value and what is accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from k3infra.config import ConfigError, StackConfig
+from k3infra.hbm import HbmError, hbm_fit
+from k3infra.nodepool.base import node_sku, pool_spec
+from k3infra.receipt import Receipt, load_receipt
+
+
+class PreflightError(ConfigError):
+    """A preflight check failed; nothing has been created."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    detail: str
+
+    def line(self) -> str:
+        return f"ok  {self.name}: {self.detail}"
+
+
+def check_hbm(cfg: StackConfig, receipt: Receipt) -> Check:
+    try:
+        fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+    except HbmError as exc:
+        prefix = f"{exc.key} = {cfg.gpu_product!r}: "
+        text = str(exc)
+        raise PreflightError(exc.key, cfg.gpu_product,
+                             text[len(prefix):] if text.startswith(prefix) else text) from None
+    return Check("HBM fit per node", fit.summary())
+
+
+def check_pool_gpu(cfg: StackConfig, receipt: Receipt) -> Check:
+    sku = node_sku(cfg, receipt)
+    if sku.gpu_product != cfg.gpu_product:
+        raise PreflightError(
+            "k3:gpuProduct", cfg.gpu_product,
+            f"the {sku.provider} pool creates {sku.name} nodes whose GPUs are "
+            f"{sku.gpu_product}; accepted: {sku.gpu_product}, or k3:nodePool.provider = "
+            "existing for other hardware")
+    return Check("pool GPUs", f"{sku.provider}: {sku.name} ({sku.gpu_product})")
+
+
+def check_node_count(cfg: StackConfig, receipt: Receipt) -> Check:
+    pool = cfg.node_pool
+    gpus = receipt.measured_gpu.gpus_per_node
+    if pool.node_count is None:
+        if pool.provider == "existing":
+            return Check("nodes vs replicas",
+                         f"{cfg.replicas} replica(s) need {cfg.replicas} node(s) of {gpus} GPUs; "
+                         "bring-your-own node count not stated (k3:nodePool.nodeCount), "
+                         "not checked")
+        return Check("nodes vs replicas",
+                     f"{cfg.replicas} node(s) of {gpus} GPUs for {cfg.replicas} replica(s)")
+    if pool.node_count < cfg.replicas:
+        raise PreflightError(
+            "k3:nodePool.nodeCount", pool.node_count,
+            f"k3:replicas = {cfg.replicas} needs at least {cfg.replicas} nodes: one replica "
+            f"is one whole {gpus}-GPU node (TP{gpus}), never two on one node")
+    spare = pool.node_count - cfg.replicas
+    return Check("nodes vs replicas",
+                 f"{pool.node_count} node(s) for {cfg.replicas} replica(s)"
+                 + (f", {spare} spare" if spare else ""))
+
+
+def check_local_nvme(cfg: StackConfig, receipt: Receipt,
+                     lock_total_bytes: Optional[int] = None) -> Check:
+    if cfg.weights.mode != "node-local":
+        return Check("local NVMe", f"not used for weights (k3:weights.mode = {cfg.weights.mode})")
+    pool = cfg.node_pool
+    sku = node_sku(cfg, receipt)
+    capacity_gb = pool.local_nvme_gb if pool.local_nvme_gb is not None else sku.local_nvme_gb
+    if capacity_gb is None:
+        raise PreflightError(
+            "k3:nodePool.localNvmeGB", None,
+            f"k3:weights.mode = node-local needs the local NVMe per node in decimal GB; "
+            f"k3infra does not know it for {sku.name} (provider {pool.provider}); "
+            "accepted: a number > 0, or k3:weights.mode = shared")
+    if lock_total_bytes is not None:
+        weights_gb, source = lock_total_bytes / 1e9, "lock total"
+    else:
+        weights_gb, source = receipt.model.size_gb, "receipt size (no lock file)"
+    need_gb = weights_gb * (1 + pool.local_nvme_margin_pct / 100)
+    if capacity_gb < need_gb:
+        key = "k3:nodePool.localNvmeGB" if pool.local_nvme_gb is not None else "k3:weights.mode"
+        value = pool.local_nvme_gb if pool.local_nvme_gb is not None else cfg.weights.mode
+        raise PreflightError(
+            key, value,
+            f"{capacity_gb:.1f} GB of local NVMe per node cannot hold {weights_gb:.1f} GB of "
+            f"weights ({source}) + {pool.local_nvme_margin_pct:g} % margin = {need_gb:.1f} GB; "
+            "accepted: nodes with more local NVMe, or k3:weights.mode = shared")
+    return Check("local NVMe",
+                 f"{capacity_gb:.1f} GB per node >= {weights_gb:.1f} GB ({source}) + "
+                 f"{pool.local_nvme_margin_pct:g} % = {need_gb:.1f} GB")
+
+
+def check_capacity_zone(cfg: StackConfig, receipt: Receipt) -> Check:
+    pool = cfg.node_pool
+    if pool.provider != "aws" or pool.aws.capacity_block is None:
+        return Check("capacity reservation zone", "no capacity block")
+    block = pool.aws.capacity_block
+    wrong = [s for s in pool.aws.subnets if s.availability_zone != block.availability_zone]
+    if wrong:
+        raise PreflightError(
+            "k3:nodePool.aws.subnets", [f"{s.id} ({s.availability_zone})" for s in wrong],
+            f"capacity block {block.reservation_id} is in {block.availability_zone}: "
+            "instances cannot launch into it from another AZ; accepted: only subnets in "
+            f"{block.availability_zone}")
+    return Check("capacity reservation zone",
+                 f"{block.reservation_id} in {block.availability_zone}, "
+                 f"{len(pool.aws.subnets)} subnet(s) there")
+
+
+def pool_summary(cfg: StackConfig, receipt: Receipt) -> Check:
+    spec = pool_spec(cfg, receipt)
+    operator = "GPU Operator " + ("installed" if spec.gpu_operator else "not installed")
+    if not spec.sku.creates_nodes:
+        return Check("pool", f"existing: nothing created; nodes selected by "
+                             f"nvidia.com/gpu.product={cfg.gpu_product}; {operator}")
+    return Check("pool", f"{spec.provider}: {spec.node_count} x {spec.sku.name}, labels "
+                         f"{spec.labels}, {operator}")
+
+
+def run_preflight(cfg: StackConfig, receipt: Optional[Receipt] = None,
+                  lock_total_bytes: Optional[int] = None) -> list[Check]:
+    """All checks in order; the first failure raises PreflightError."""
+    receipt = receipt or load_receipt()
+    return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
+            check_node_count(cfg, receipt), check_local_nvme(cfg, receipt, lock_total_bytes),
+            check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt)]
+
+
+def preflight_report(cfg: StackConfig, receipt: Optional[Receipt] = None,
+                     lock_total_bytes: Optional[int] = None) -> list[str]:
+    """One line per passed check (what render prints); raises on the first failure."""
+    return [c.line() for c in run_preflight(cfg, receipt, lock_total_bytes)]
