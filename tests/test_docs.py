@@ -1,0 +1,40 @@
+"""Docs are part of the product: README's quick start and pinned facts stay true to
+the Makefile, CI and the receipt; every config key is documented."""
+import re
+
+from conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_quick_start_has_exactly_two_setup_commands():
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", quick, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make render", "make test"]
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^render:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+
+
+def test_readme_pins_match_the_receipt(receipt):
+    facts = [receipt.engine.version, receipt.engine.commit, str(receipt.engine.pull_request),
+             " ".join(receipt.serve.engine_arg_tokens()),
+             *(f"{k}={v}" for k, v in receipt.serve.engine_env_map().items()),
+             receipt.model.repo, receipt.model.tree_digest, str(receipt.model.shards),
+             f"{receipt.model.size_gb:.1f} GB", f"{receipt.residency.weights_gib_per_gpu:.2f} GiB",
+             f"p50 {receipt.measurement(8).p50_ms:g} ms", f"p99 {receipt.measurement(8).p99_ms:g} ms"]
+    flat = " ".join(README.split())
+    for fact in facts:
+        assert fact in flat, fact
+
+
+def test_readme_carries_every_not_measured_item(receipt):
+    flat = " ".join(README.split()).lower()
+    section = flat.split("## what is not measured", 1)[1]
+    for item in receipt.not_measured:
+        head = item.split(":")[0].split(",")[0].lower()
+        assert head in section, head
+    for lic in receipt.license.sections:
+        assert f"section {lic.section}" in flat
+
