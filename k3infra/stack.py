@@ -18,6 +18,8 @@ from k3infra import gates
 from k3infra.config import StackConfig, parse_stack_config
 from k3infra.hbm import hbm_fit
 from k3infra.kube import apply_manifest
+from k3infra.nodepool.component import B300NodePool
+from k3infra.preflight import run_preflight
 from k3infra.receipt import Receipt, load_receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.component import VllmServing
@@ -76,9 +78,12 @@ class K3ServingStack(pulumi.ComponentResource):
         self.fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
         lock = load_stack_lock(receipt, cfg)
         gates.enforce(gates.deployment_gates(receipt, cfg))
+        self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
 
         super().__init__("k3infra:index:K3ServingStack", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # Nodes + GPU add-ons first; weights and serving wait for them (k3:nodePool).
+        self.pool = B300NodePool(f"{name}-pool", cfg, receipt, child)
         names = m.ServingNames(BASE, cfg.namespace)
         instance = name
 
@@ -99,11 +104,11 @@ class K3ServingStack(pulumi.ComponentResource):
             f"{name}-weights", receipt, cfg, BASE, cfg.namespace,
             m.labels(instance, "weights-prefetch"), image, hf_secret_name,
             lock.text if lock else None,
-            pulumi.ResourceOptions(parent=self, depends_on=[ns, *secrets]))
+            pulumi.ResourceOptions(parent=self, depends_on=[ns, *secrets, self.pool]))
 
         self.serving = VllmServing(
             f"{name}-serving", receipt, cfg, image, self.weights.parts, names, instance,
-            depends_on=[self.weights.job, *secrets], opts=in_ns)
+            depends_on=[self.weights.job, *secrets, self.pool], opts=in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
