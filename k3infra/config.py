@@ -313,21 +313,124 @@ class BenchmarkConfig(_Section):
         return v
 
 
+_LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+def _check_labels(v: dict[str, str]) -> dict[str, str]:
+    for key, value in v.items():
+        if not _LABEL_KEY_RE.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
+            raise ValueError(f"{key!r} is not a Kubernetes label key")
+        if not isinstance(value, str) or not _LABEL_VALUE_RE.match(value) or len(value) > 63:
+            raise ValueError(f"{key}={value!r}: not a Kubernetes label value "
+                             "(a string of at most 63 letters, digits, '-', '_', '.')")
+    return v
+
+
+def _check_dns_labels(v: list[str]) -> list[str]:
+    for name in v:
+        if not DNS_LABEL_RE.match(name) or len(name) > 63:
+            raise ValueError(f"{name!r} is not a namespace name (DNS label)")
+    return v
+
+
 class MonitoringConfig(_Section):
-    """Prometheus Operator objects and the Grafana dashboard (k3:monitoring)."""
+    """Prometheus Operator objects and the Grafana dashboard (k3:monitoring).
+
+    The CRDs are not probed (there is no cluster at render time): set serviceMonitor /
+    prometheusRule only where the Prometheus Operator's CRDs are installed."""
 
     service_monitor: bool = Field(default=False, alias="serviceMonitor")
     prometheus_rule: bool = Field(default=False, alias="prometheusRule")
     dashboard: bool = False
+    # The p99 latency alert fires above the receipt's p99 x (1 + margin / 100).
     p99_margin_pct: float = Field(default=10.0, ge=0, alias="p99MarginPct")
+    # Extra labels on the ServiceMonitor and PrometheusRule, for the Prometheus's
+    # selectors (kube-prometheus-stack selects `release: <helm release>` by default).
+    labels: dict[str, str] = Field(default_factory=dict)
+    scrape_interval: str = Field(default="30s", pattern=r"^[1-9][0-9]*(s|m)$",
+                                 alias="scrapeInterval")
+    # KV-cache usage (0..1] above which the "nearly full" alert fires.
+    kv_cache_usage_threshold: float = Field(default=0.9, gt=0, le=1,
+                                            alias="kvCacheUsageThreshold")
+    # Waiting requests above which a still-growing queue alerts.
+    waiting_requests_threshold: int = Field(default=0, ge=0, alias="waitingRequestsThreshold")
+    # Where the dashboard ConfigMap goes (Grafana's sidecar watches its own namespace
+    # unless told otherwise); unset: the stack's namespace.
+    dashboard_namespace: Optional[str] = Field(default=None, alias="dashboardNamespace")
+    # dcgm-exporter series scraped without honorLabels carry the GPU's pod as
+    # exported_pod / exported_namespace; set true for such a scrape.
+    dcgm_exported_labels: bool = Field(default=False, alias="dcgmExportedLabels")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_labels(v)
+
+    @field_validator("dashboard_namespace")
+    @classmethod
+    def _dashboard_ns(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _check_dns_labels([v])[0]
 
 
 class NetworkConfig(_Section):
-    """Who may reach the serving port (k3:network)."""
+    """Who may reach the serving port, and where pods may connect (k3:network).
 
+    Ingress to the serving pods is denied except the port from these sources; egress is
+    DNS only (plus the Hub for the prefetch Job, and for serving pods in node-local mode,
+    whose init container fetches missing files)."""
+
+    # Every pod in these namespaces may call the API (an ingress controller, a gateway).
     allow_from_namespaces: list[str] = Field(default_factory=list, alias="allowFromNamespaces")
+    # Pods with all of these labels in the stack's namespace may call the API.
     allow_from_pod_labels: dict[str, str] = Field(default_factory=dict, alias="allowFromPodLabels")
-    scraper_namespace: str = Field(default="monitoring", alias="scraperNamespace")
+    # The metrics scraper's namespace (null: no scraper access).
+    scraper_namespace: Optional[str] = Field(default="monitoring", alias="scraperNamespace")
+    # Narrow the scraper to pods with these labels (empty: the whole namespace).
+    scraper_pod_labels: dict[str, str] = Field(default_factory=dict, alias="scraperPodLabels")
+    # Cluster DNS: its namespace, and extra CIDRs (NodeLocal DNSCache: 169.254.20.10/32).
+    dns_namespace: str = Field(default="kube-system", alias="dnsNamespace")
+    dns_cidrs: list[str] = Field(default_factory=list, alias="dnsCidrs")
+    # Where the Hub (or your HF_ENDPOINT mirror) is reachable: its CDN has no fixed
+    # addresses, so the default is any address on the HTTPS port.
+    hub_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1,
+                                 alias="hubCidrs")
+    hub_ports: list[int] = Field(default_factory=lambda: [443], min_length=1, alias="hubPorts")
+
+    @field_validator("allow_from_namespaces")
+    @classmethod
+    def _namespaces(cls, v: list[str]) -> list[str]:
+        return _check_dns_labels(v)
+
+    @field_validator("scraper_namespace", "dns_namespace")
+    @classmethod
+    def _namespace(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _check_dns_labels([v])[0]
+
+    @field_validator("allow_from_pod_labels", "scraper_pod_labels")
+    @classmethod
+    def _pod_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_labels(v)
+
+    @field_validator("dns_cidrs", "hub_cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
+        return v
+
+    @field_validator("hub_ports")
+    @classmethod
+    def _ports(cls, v: list[int]) -> list[int]:
+        for port in v:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{port} is not a TCP port (1-65535)")
+        return v
 
 
 class StackConfig(_Section):
