@@ -48,6 +48,12 @@ def _render(args: argparse.Namespace) -> int:
     for typ, n in sorted(Counter(r["type"] for r in render.resources).items()):
         counts.add_row(typ, str(n))
     console.print(counts)
+    from k3infra.preflight import preflight_report
+    from k3infra.receipt import load_receipt
+    from k3infra.weights.lockfile import load_stack_lock
+    lock = load_stack_lock(load_receipt(), cfg, root)
+    for line in preflight_report(cfg, lock_total_bytes=lock.total_bytes if lock else None):
+        console.print(f"preflight {line}")
     for warning in render.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
