@@ -84,6 +84,9 @@ def check_local_nvme(cfg: StackConfig, receipt: Receipt,
     pool = cfg.node_pool
     sku = node_sku(cfg, receipt)
     capacity_gb = pool.local_nvme_gb if pool.local_nvme_gb is not None else sku.local_nvme_gb
+    if capacity_gb is None and not sku.creates_nodes:
+        return Check("local NVMe", "bring-your-own nodes: capacity not stated "
+                                   "(k3:nodePool.localNvmeGB), not checked")
     if capacity_gb is None:
         raise PreflightError(
             "k3:nodePool.localNvmeGB", None,
