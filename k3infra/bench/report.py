@@ -1,0 +1,115 @@
+"""Showing a comparison: the `rich` table (receipt vs measured vs delta, pass/fail) and
+the `--plot` figure. Presentation only; the verdicts come from k3infra.bench.compare."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from k3infra.bench.compare import Comparison
+from k3infra.bench.results import BenchResult
+from k3infra.receipt import Receipt
+
+_STYLE = {"pass": "green", "FAIL": "bold red", "not comparable": "yellow",
+          "no receipt figure": "dim"}
+
+
+def _short(source: str) -> str:
+    return Path(source).name
+
+
+def comparison_table(cmp: Comparison, receipt: Receipt):
+    from rich.table import Table
+
+    table = Table(title=f"e2e latency vs receipt {receipt.id} "
+                        f"(tolerance +-{cmp.tolerance_pct:g} %)")
+    for col, justify in (("file", "left"), ("c", "right"), ("stat", "left"),
+                         ("receipt ms", "right"), ("measured ms", "right"),
+                         ("delta", "right"), ("verdict", "left")):
+        table.add_column(col, justify=justify)
+    for r in cmp.rows:
+        verdict = r.verdict(cmp.tolerance_pct)
+        delta = r.delta_pct()
+        table.add_row(_short(r.source), str(r.concurrency), r.stat,
+                      "-" if r.receipt_ms is None else f"{r.receipt_ms:.0f}",
+                      f"{r.measured_ms:.0f}", "-" if delta is None else f"{delta:+.1f} %",
+                      f"[{_STYLE[verdict]}]{verdict}[/]")
+    return table
+
+
+def workload_table(cmp: Comparison, only_mismatches: bool = True):
+    from rich.table import Table
+
+    table = Table(title="workload vs receipt: mismatches" if only_mismatches
+                  else "workload vs receipt")
+    for col in ("file", "check", "expected", "actual", ""):
+        table.add_column(col)
+    for c in cmp.checks:
+        if only_mismatches and c.ok:
+            continue
+        table.add_row(_short(c.source), c.what, c.expected, c.actual,
+                      "[green]ok[/]" if c.ok else "[bold red]MISMATCH[/]")
+    return table
+
+
+def print_comparison(cmp: Comparison, receipt: Receipt, console=None) -> None:
+    from rich.console import Console
+
+    console = console or Console()
+    files = len({c.source for c in cmp.checks})
+    if cmp.mismatches:
+        console.print(workload_table(cmp))
+    else:
+        console.print(f"workload: {files} file(s) match receipt {receipt.id}'s Workload A "
+                      "(grid, prompt tokens, output cap, no failed request)")
+    console.print(comparison_table(cmp, receipt))
+    status = cmp.exit_status()
+    verdict = {0: "[green]PASS[/]: within tolerance of the receipt",
+               1: "[bold red]FAIL[/]: outside tolerance of the receipt",
+               3: "[bold red]NOT COMPARABLE[/]: not the receipt's workload"}[status]
+    console.print(verdict)
+    for reason in cmp.reasons():
+        console.print(f"  - {reason}", highlight=False)
+
+
+def plot_latencies(results: Sequence[BenchResult], receipt: Receipt, tolerance_pct: float,
+                   out: Path) -> Path:
+    """Per-request e2e latencies of every file (one column per file) against the
+    receipt's p50/p99 at that file's concurrency, with the tolerance band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(results) + 3), 4.5))
+    labelled: set[str] = set()
+    for x, r in enumerate(results):
+        lat = r.successful_latencies_ms or []
+        ax.scatter([x] * len(lat), lat, s=28, color="tab:blue", zorder=3,
+                   label=None if "req" in labelled else "measured requests")
+        labelled.add("req")
+        m: Optional[object] = receipt.measurement(r.max_concurrency, "e2el") \
+            if r.max_concurrency else None
+        if m is None:
+            continue
+        for value, color, name in ((m.p50_ms, "tab:green", "receipt p50"),
+                                   (m.p99_ms, "tab:red", "receipt p99")):
+            band = value * tolerance_pct / 100.0
+            ax.hlines(value, x - 0.35, x + 0.35, colors=color, zorder=2,
+                      label=None if name in labelled else name)
+            ax.fill_between([x - 0.35, x + 0.35], value - band, value + band, color=color,
+                            alpha=0.12, zorder=1,
+                            label=None if f"{name} band" in labelled
+                            else f"{name} +-{tolerance_pct:g} %")
+            labelled.update({name, f"{name} band"})
+    ax.set_xticks(range(len(results)))
+    ax.set_xticklabels([f"{_short(r.source)}\nc={r.max_concurrency}" for r in results],
+                       fontsize=7)
+    ax.set_ylabel("end-to-end latency (ms)")
+    ax.set_title(f"per-request e2e latency vs receipt {receipt.id}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,176 @@
+"""`k3infra bench compare | receipt | prompts | fetch`: the receipt re-measured.
+
+compare  exit 0 within tolerance, 1 outside it (or nothing comparable), 2 unreadable or
+         malformed file, 3 a file whose workload is not the receipt's.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from k3infra.cli import UsageError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+
+    cmp = sub.add_parser("compare", help="compare vllm bench serve results with the receipt")
+    cmp.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
+    cmp.add_argument("--tolerance-pct", type=float, default=None,
+                     help="allowed |measured - receipt| in %% of the receipt, both directions "
+                          "(default: k3:benchmark.tolerancePct's default, 10)")
+    cmp.add_argument("--plot", type=Path, metavar="FILE.png",
+                     help="draw per-request latencies against the receipt's p50/p99")
+    cmp.add_argument("--receipt", help="another receipt file of the same schema")
+    cmp.set_defaults(func=_compare)
+
+    rec = sub.add_parser("receipt", help="write a receipt for your deployment from results")
+    rec.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
+    rec.add_argument("--out", required=True, type=Path, help="the receipt YAML to write")
+    rec.add_argument("--id", required=True, help="the new receipt's id (lowercase, digits, . -)")
+    rec.add_argument("--base", help="the receipt to start from (default: the shipped one)")
+    rec.add_argument("--statefulset", type=Path,
+                     help="the serving StatefulSet as deployed (kubectl get sts -o json): "
+                          "its vllm serve flags and env become the receipt's")
+    rec.add_argument("--lock", type=Path, help="the weights lock file (tree digest, revision)")
+    rec.add_argument("--measured-on", help="YYYY-MM-DD (default: the results' date)")
+    rec.add_argument("--engine-version")
+    rec.add_argument("--engine-commit", help="7-40 hex")
+    rec.add_argument("--engine-pull-request", type=int,
+                     help="0 when the engine is a release, not a pull request build")
+    rec.add_argument("--gpu-product", help="GPU feature discovery product label")
+    rec.add_argument("--gpu-memory-bytes", type=int, help="per GPU, as CUDA reports it")
+    rec.add_argument("--node", help="a one-line description of the node")
+    rec.add_argument("--single-run", action="store_true",
+                     help="accept one run per concurrency (no run-to-run agreement figure)")
+    rec.set_defaults(func=_receipt)
+
+    pr = sub.add_parser("prompts", help="generate Workload A's prompt files")
+    pr.add_argument("--tokenizer", required=True,
+                    help="the served model's directory (its tokenizer), or tiktoken:<encoding>")
+    pr.add_argument("--corpus", default="package:vllm",
+                    help="a source directory, or package:<name> (default: the vllm package, "
+                         "as in the engine image)")
+    pr.add_argument("--out", required=True, type=Path)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--run-id", required=True,
+                    help="the benchmark run's id (its nonces); the Job records it")
+    pr.add_argument("--runs", type=int, default=1)
+    pr.add_argument("--concurrencies", help="comma-separated (default: the receipt's)")
+    pr.set_defaults(func=_prompts)
+
+    fe = sub.add_parser("fetch", help="copy the benchmark Job's raw results from the cluster")
+    fe.add_argument("--out", required=True, type=Path)
+    fe.add_argument("--namespace", default="k3")
+    fe.add_argument("--kubeconfig")
+    fe.add_argument("--context")
+    fe.add_argument("--image", help="image for the short-lived reader pod "
+                                    "(default: the benchmark Job's own image)")
+    fe.set_defaults(func=_fetch)
+
+
+def _load(paths: list[Path]):
+    from k3infra.bench.results import ResultError, load_result
+
+    try:
+        return [load_result(p) for p in paths]
+    except ResultError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _tolerance(value) -> float:
+    from k3infra.config import BenchmarkConfig
+
+    tol = BenchmarkConfig.model_fields["tolerance_pct"].default if value is None else value
+    if tol < 0:
+        raise UsageError(f"--tolerance-pct {tol}: must be >= 0")
+    return tol
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from k3infra.bench.compare import compare_results
+    from k3infra.bench.report import print_comparison
+    from k3infra.receipt import load_receipt
+
+    receipt = load_receipt(args.receipt)
+    results = _load(args.results)
+    cmp = compare_results(results, receipt, _tolerance(args.tolerance_pct))
+    print_comparison(cmp, receipt)
+    if args.plot:
+        from k3infra.bench.report import plot_latencies
+
+        plot_latencies(results, receipt, cmp.tolerance_pct, args.plot)
+        print(f"plot: {args.plot}")
+    return cmp.exit_status()
+
+
+def _receipt(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from k3infra.bench.receipt_writer import ReceiptInputs, ReceiptWriteError, write_receipt
+    from k3infra.receipt import load_receipt
+
+    results = _load(args.results)
+    inputs = ReceiptInputs(
+        id=args.id, measured_on=args.measured_on, engine_version=args.engine_version,
+        engine_commit=args.engine_commit, engine_pull_request=args.engine_pull_request,
+        gpu_product=args.gpu_product, gpu_memory_bytes=args.gpu_memory_bytes, node=args.node,
+        single_run=args.single_run)
+    try:
+        if args.statefulset:
+            inputs = inputs.with_statefulset(_read_json(args.statefulset))
+        if args.lock:
+            inputs = inputs.with_lock(_read_json(args.lock))
+        written = write_receipt(load_receipt(args.base), results, inputs, args.out)
+    except ReceiptWriteError as exc:
+        raise UsageError(str(exc)) from None
+    console = Console()
+    for path in written:
+        console.print(f"wrote {path}")
+    return 0
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a JSON object")
+    return data
+
+
+def _prompts(args: argparse.Namespace) -> int:
+    from k3infra.bench import workload
+    from k3infra.receipt import load_receipt
+
+    w = load_receipt().workload_a
+    concurrencies = args.concurrencies or ",".join(str(c) for c in w.concurrencies)
+    block = next((a.value for a in load_receipt().serve.engine_args if a.flag == "--block-size"),
+                 None)
+    argv = ["--tokenizer", args.tokenizer, "--corpus", args.corpus, "--out", str(args.out),
+            "--seed", str(args.seed), "--run-id", args.run_id, "--runs", str(args.runs),
+            "--concurrencies", concurrencies, "--warmups", str(w.warmup_requests),
+            "--measured", str(w.measured_requests), "--min-tokens", str(w.prompt_tokens_min),
+            "--max-tokens", str(w.prompt_tokens_max)]
+    if block:
+        argv += ["--block-size", block]
+    return workload.main(argv)
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from k3infra.bench.cluster import ClusterError, connect, fetch_results
+
+    try:
+        files = fetch_results(connect(args.kubeconfig, args.context), args.namespace,
+                              args.out, image=args.image)
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
+    console = Console()
+    console.print(f"fetched {len(files)} files into {args.out} (sha256 checked against "
+                  "the Job's SHA256SUMS)")
+    return 0
