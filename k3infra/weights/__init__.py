@@ -1,0 +1,10 @@
+"""Weights runtime: the lock file (k3-tree-v1), the parallel verifier and the prefetch.
+
+These files run inside pods from a ConfigMap as the top-level package `k3weights`
+(`python3 -m k3weights lock|verify|prefetch ...`), so the runtime modules use the
+standard library plus huggingface_hub only, and import each other relatively. This
+file must stay import-light: no pulumi, pydantic or rich here.
+"""
+
+# The files the ConfigMap ships (k3infra/weights/manifests.py reads this tuple).
+RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "prefetch.py", "__main__.py")

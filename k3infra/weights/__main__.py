@@ -1,0 +1,157 @@
+"""`python3 -m k3weights lock|verify|prefetch ...`: the weights runtime's command line in pods.
+
+Plain-text progress on stdout, every problem on stderr (one line per offending path).
+Exit status: 0 exact match (and marker written, for prefetch); 1 verification or
+prefetch failed; 2 bad arguments or a malformed lock.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+from . import tree
+
+PROG = f"python3 -m {__package__ or 'k3weights'}"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    lock = sub.add_parser("lock", help="write a lock file from a local tree or from Hub metadata")
+    lock.add_argument("dir", nargs="?", help="local tree to hash (omit with --hub)")
+    lock.add_argument("--hub", metavar="REPO", help="build the lock from Hub metadata for REPO")
+    lock.add_argument("--repo", help="repo to record for a local tree")
+    lock.add_argument("--revision", help="40-hex commit (for a local tree: inferred from "
+                      "huggingface_hub's local-dir metadata when present)")
+    lock.add_argument("--out", required=True, help="lock file to write (atomically)")
+    lock.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
+    lock.set_defaults(func=_lock)
+
+    ver = sub.add_parser("verify", help="verify a tree against its lock")
+    ver.add_argument("dir")
+    ver.add_argument("--lock", required=True)
+    ver.add_argument("--full", action="store_true", help="ignore stamps: re-hash every file")
+    ver.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
+    ver.add_argument("--require-marker", action="store_true",
+                     help="also require the prefetch's marker naming this lock's digest and revision")
+    ver.set_defaults(func=_verify)
+
+    pre = sub.add_parser("prefetch", help="download the locked tree, verify it, write the marker")
+    pre.add_argument("--lock", required=True)
+    pre.add_argument("--dest", required=True)
+    pre.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
+    pre.add_argument("--max-download-workers", type=_positive, default=8,
+                     help="files downloaded at once (default 8)")
+    pre.add_argument("--no-overlap", action="store_true",
+                     help="hash only after all downloads finished (for comparison)")
+    pre.add_argument("--attempts", type=_positive, default=3, help="downloads per file at most (default 3)")
+    pre.set_defaults(func=_prefetch)
+    return parser
+
+
+def _out(line: str) -> None:
+    print(line, flush=True)
+
+
+def _fail(command: str, problems, summary: str = "") -> int:
+    print(f"{PROG} {command}: {summary or 'FAILED'}", file=sys.stderr)
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    sys.stderr.flush()
+    return 1
+
+
+def _lock(args: argparse.Namespace) -> int:
+    if bool(args.dir) == bool(args.hub):
+        raise tree.LockError("give either a local DIR or --hub REPO (not both)")
+    if args.hub:
+        from .prefetch import lock_from_hub
+
+        if not args.revision:
+            raise tree.LockError("--hub needs --revision <40-hex commit>")
+        lock = lock_from_hub(args.hub, args.revision, emit=_out)
+    else:
+        from .verify import lock_from_dir
+
+        revision = args.revision or tree.revision_from_hf_metadata(args.dir)
+        if not revision:
+            raise tree.LockError(f"{args.dir}: no --revision given and none recorded by "
+                                 "huggingface_hub in the tree; pass --revision <40-hex commit>")
+        if not args.repo:
+            raise tree.LockError("a local tree needs --repo <owner>/<name>")
+        lock = lock_from_dir(args.dir, args.repo, revision, workers=args.workers, emit=_out)
+    tree.atomic_write(args.out, tree.lock_to_json(lock).encode("utf-8"))
+    _out(f"lock: {lock.repo}@{lock.revision}: {len(lock.files)} files, {lock.total_bytes} bytes, "
+         f"{lock.tree_digest} -> {args.out}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from . import verify
+
+    lock, _sha = tree.load_lock(args.lock)
+    if args.require_marker:
+        problem = verify.marker_problem(args.dir, lock)
+        if problem:
+            # Fail fast: without a marker the prefetch has not finished; do not hash.
+            return _fail("verify", [tree.Problem(tree.MARKER_NAME, problem)],
+                         f"FAILED: {args.dir} is not a verified tree")
+    report = verify.verify_tree(args.dir, lock, full=args.full, workers=args.workers, emit=_out)
+    if report.state_note:
+        print(f"{PROG} verify: note: {report.state_note}", file=sys.stderr)
+    if not report.ok:
+        _out(report.summary())
+        return _fail("verify", report.problems, f"FAILED: {len(report.problems)} offending path(s) "
+                     f"in {args.dir} against {args.lock}")
+    _out(report.summary())
+    return 0
+
+
+def _prefetch(args: argparse.Namespace) -> int:
+    from . import prefetch
+
+    lock, lock_sha = tree.load_lock(args.lock)
+    report = prefetch.prefetch(lock, lock_sha, args.dest, workers=args.workers,
+                               download_workers=args.max_download_workers,
+                               overlap=not args.no_overlap, attempts=args.attempts, emit=_out)
+    for note in report.notes:
+        print(f"{PROG} prefetch: note: {note}", file=sys.stderr)
+    _out(report.summary())
+    if not report.ok:
+        return _fail("prefetch", report.problems, f"FAILED: {len(report.problems)} problem(s) "
+                     f"in {args.dest}; no marker written")
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except tree.LockError as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:           # e.g. a malformed K3_WEIGHTS_FREE_BYTES
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:   # the Hub's errors (repo not found, gated, offline...)
+        if os.environ.get("K3_WEIGHTS_DEBUG"):
+            raise
+        print(f"{PROG} {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""Prefetch a locked weights tree from the Hugging Face Hub, verifying as files land.
+
+Standard library plus huggingface_hub (the engine image has it): runs in the prefetch
+Job and in the node-local gate. The Hub is reached the way huggingface_hub always
+does: HF_ENDPOINT, HF_TOKEN (from a Secret), HF_XET_HIGH_PERFORMANCE (set to 1 here
+unless the environment says otherwise).
+
+What a run does, in order:
+
+1. With DEST missing, or after taking an exclusive flock on DEST (one prefetch per
+   tree at a time), it plans from what is on disk: files whose stamp proves them
+   verified are kept, files of the right size are re-hashed, missing or wrong-size
+   files are fetched. A tree holding an extra file, a symlink or a special file is
+   refused before anything is written (it is not the prefetch's to delete).
+2. Free space: the bytes still to fetch must fit in DEST's filesystem (the free figure
+   can be injected with K3_WEIGHTS_FREE_BYTES, for tests and for filesystems whose
+   statvfs lies); otherwise a clear error and nothing is written.
+3. The marker is removed, then files are downloaded in parallel at the pinned revision
+   and each is hashed as soon as it lands while other downloads go on. A file that does
+   not hash to the lock is deleted and fetched again (3 downloads at most).
+4. Resume: a plain-HTTP download goes to `.cache/huggingface/download/<path>.<sha256>.incomplete`
+   inside DEST and a restarted run continues it with an HTTP Range request
+   (huggingface_hub >= 1.0 deletes its own partial files on failure, so the partial
+   file is managed here while huggingface_hub does the HEAD and the GET). Xet-backed
+   files go through `hf_hub_download` (Xet reconstructs from its chunk cache). Verified
+   files are never fetched again: their stamps are saved as the run goes.
+5. Only when every file matches and no extra file exists: the scratch directory is
+   removed, the stamps saved, and the marker `.k3-verified.json` written atomically.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+from urllib.parse import urlsplit
+
+from . import tree, verify
+from .tree import FileEntry, Lock, Problem
+
+FREE_BYTES_ENV = "K3_WEIGHTS_FREE_BYTES"
+ATTEMPTS = 3
+DOWNLOAD_WORKERS = 8
+STATE_SAVE_SECONDS = 30.0
+_NO_RETRY = ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError",
+             "EntryNotFoundError", "RemoteEntryNotFoundError", "DisabledRepoError")
+
+Emit = Callable[[str], None]
+
+
+def hub_environment() -> None:
+    """Defaults for huggingface_hub, read when it is first imported."""
+    os.environ.setdefault("HF_XET_HIGH_PERFORMANCE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")   # our own progress lines
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+class FetchRefused(Exception):
+    """The Hub answered, and the answer contradicts the lock: retrying cannot help."""
+
+
+def free_bytes(dest: str) -> int:
+    """Free bytes on DEST's filesystem (or K3_WEIGHTS_FREE_BYTES when set)."""
+    override = os.environ.get(FREE_BYTES_ENV)
+    if override is not None:
+        try:
+            return int(override)
+        except ValueError:
+            raise ValueError(f"{FREE_BYTES_ENV}={override!r}: must be an integer byte count") from None
+    probe = os.path.abspath(dest)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    return shutil.disk_usage(probe).free
+
+
+def partial_path(dest: str, entry: FileEntry) -> str:
+    return os.path.join(dest, tree.SCRATCH_DIR, "download", f"{entry.path}.{entry.sha256}.incomplete")
+
+
+def _partial_size(dest: str, entry: FileEntry) -> int:
+    try:
+        return os.stat(partial_path(dest, entry)).st_size
+    except OSError:
+        return 0
+
+
+@dataclass
+class Plan:
+    good: dict = field(default_factory=dict)        # path -> stamp (verified before)
+    rehash: list = field(default_factory=list)      # [FileEntry] present, right size
+    fetch: list = field(default_factory=list)       # [FileEntry] missing
+    replace: list = field(default_factory=list)     # [FileEntry] wrong size: delete, fetch
+    refused: list = field(default_factory=list)     # [Problem] extras, symlinks, specials
+
+    def bytes_to_fetch(self, dest: str) -> int:
+        return sum(max(e.size - _partial_size(dest, e), 0) for e in self.fetch + self.replace)
+
+
+def make_plan(dest: str, lock: Lock) -> Plan:
+    plan = Plan()
+    if not os.path.isdir(dest):
+        plan.fetch = list(lock.files)
+        return plan
+    scan = tree.scan_tree(dest)
+    plan.refused = list(scan.problems)
+    plan.refused += [Problem(rel, "extra file, not in the lock (remove it; the prefetch deletes "
+                               "nothing it did not write)")
+                     for rel in sorted(set(scan.files) - set(lock.by_path))]
+    state = verify.load_state(dest)
+    for entry in lock.files:
+        st = scan.files.get(entry.path)
+        if st is None:
+            if entry.path not in scan.problem_paths:
+                plan.fetch.append(entry)
+        elif st.st_size != entry.size:
+            plan.replace.append(entry)
+        elif verify.stamp_valid(state, entry, st):
+            plan.good[entry.path] = tuple(state[entry.path])
+        else:
+            plan.rehash.append(entry)
+    return plan
+
+
+@dataclass
+class PrefetchReport:
+    dest: str
+    problems: list = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+    downloaded_files: int = 0
+    downloaded_bytes: int = 0
+    reused_files: int = 0
+    hashed_bytes: int = 0
+    seconds: float = 0.0
+    marker: Optional[dict] = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.marker is not None
+
+    def summary(self) -> str:
+        verdict = (f"OK, marker {tree.MARKER_NAME} names {self.marker.get('tree_digest')}" if self.ok
+                   else f"FAILED ({len(self.problems)} problem(s)), no marker")
+        rate = self.downloaded_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+        return (f"prefetch {verdict}: {self.files} files, {verify._gb(self.bytes)} in {self.dest}; "
+                f"downloaded {self.downloaded_files} files / {verify._gb(self.downloaded_bytes)} "
+                f"({rate:.2f} GB/s overall), {self.reused_files} already verified, "
+                f"hashed {verify._gb(self.hashed_bytes)}; {self.seconds:.2f} s")
+
+
+class _DirLock:
+    """flock on the tree directory: the prefetch Job and a node-local gate on the same
+    node never write the same tree at once. Filesystems without flock are noted."""
+
+    def __init__(self, dest: str, emit: Emit):
+        import fcntl
+
+        self.fd = os.open(dest, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            emit(f"prefetch: another prefetch holds {dest}; waiting for it")
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            emit(f"prefetch: note: cannot flock {dest} ({exc.strerror}); run one prefetch per tree")
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+class _Fetcher:
+    """One file from the Hub into its place in DEST (called from download threads)."""
+
+    def __init__(self, lock: Lock, dest: str, endpoint: Optional[str], token: Optional[str]):
+        hub_environment()
+        from huggingface_hub import file_download
+
+        self.fd = file_download
+        self.lock, self.dest = lock, dest
+        self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+        self.token = token
+        self.xet = bool(getattr(file_download, "is_xet_available", lambda: False)())
+
+    def __call__(self, entry: FileEntry) -> None:
+        fd = self.fd
+        url = fd.hf_hub_url(self.lock.repo, entry.path, revision=self.lock.revision, endpoint=self.endpoint)
+        meta = fd.get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint)
+        if meta.commit_hash != self.lock.revision:
+            raise FetchRefused(f"the Hub resolved revision {self.lock.revision} to commit "
+                               f"{meta.commit_hash!r}")
+        if meta.size is not None and meta.size != entry.size:
+            raise FetchRefused(f"the Hub has {meta.size} bytes at this revision, the lock says "
+                               f"{entry.size}: the lock is not for this revision")
+        etag = (meta.etag or "").lower()
+        if len(etag) == 64 and etag != entry.sha256:
+            raise FetchRefused(f"the Hub's sha256 {etag} differs from the lock's {entry.sha256}")
+        final = os.path.join(self.dest, entry.path)
+        if meta.xet_file_data is not None and self.xet:
+            fd.hf_hub_download(self.lock.repo, entry.path, revision=self.lock.revision,
+                               local_dir=self.dest, token=self.token, endpoint=self.endpoint)
+            return
+        partial = partial_path(self.dest, entry)
+        os.makedirs(os.path.dirname(partial), exist_ok=True)
+        from huggingface_hub.utils import build_hf_headers
+
+        headers = build_hf_headers(token=self.token)
+        if _origin(meta.location) != _origin(url):
+            headers.pop("authorization", None)      # a signed CDN URL: the token stays on the Hub
+        with open(partial, "ab") as fh:
+            have = fh.tell()
+            if have > entry.size:
+                fh.truncate(0)
+                have = 0
+            if have < entry.size:
+                fd.http_get(meta.location, fh, resume_size=have, headers=headers, expected_size=entry.size)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.replace(partial, final)
+
+
+def _origin(url: str) -> tuple:
+    parts = urlsplit(url)
+    return (parts.scheme, parts.netloc)
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, FetchRefused):
+        return False
+    return not any(cls.__name__ in _NO_RETRY for cls in type(exc).__mro__)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _clean_scratch(dest: str, lock: Lock) -> None:
+    """Drop partial downloads this run cannot resume (other names: a killed
+    hf_hub_download, an older lock); keep `<path>.<sha256>.incomplete` of this lock."""
+    keep = {os.path.abspath(partial_path(dest, e)) for e in lock.files}
+    root = os.path.join(dest, tree.SCRATCH_DIR, "download")
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.abspath(os.path.join(dirpath, name))
+            if name.endswith(".incomplete") and path not in keep:
+                _unlink(path)
+    for name in os.listdir(dest):
+        if tree.reserved(name) and name not in (tree.MARKER_NAME, tree.STATE_NAME) \
+                and name != tree.SCRATCH_PARENT:
+            _unlink(os.path.join(dest, name))        # atomic-write leftovers of a killed run
+
+
+def _remove_scratch(dest: str) -> None:
+    shutil.rmtree(os.path.join(dest, tree.SCRATCH_DIR), ignore_errors=True)
+    try:
+        os.rmdir(os.path.join(dest, tree.SCRATCH_PARENT))
+    except OSError:
+        pass
+
+
+def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] = None,
+             download_workers: int = DOWNLOAD_WORKERS, overlap: bool = True,
+             attempts: int = ATTEMPTS, endpoint: Optional[str] = None, token: Optional[str] = None,
+             emit: Optional[Emit] = print, interval: float = verify.PROGRESS_SECONDS,
+             fetcher: Optional[Callable[[FileEntry], None]] = None) -> PrefetchReport:
+    """Make DEST hold exactly the lock's tree and write the marker; see the module docstring."""
+    say = emit or (lambda _line: None)
+    start = time.monotonic()
+    report = PrefetchReport(dest=dest, files=len(lock.files), bytes=lock.total_bytes)
+
+    def done() -> PrefetchReport:
+        report.seconds = time.monotonic() - start
+        return report
+
+    if not os.path.isdir(dest):
+        plan = make_plan(dest, lock)
+        if not _space_ok(dest, plan, report):
+            return done()
+        os.makedirs(dest, exist_ok=True)
+    dir_lock = _DirLock(dest, say)
+    try:
+        plan = make_plan(dest, lock)
+        if plan.refused:
+            report.problems = plan.refused
+            return done()
+        if not plan.rehash and not plan.fetch and not plan.replace \
+                and verify.marker_problem(dest, lock) is None:
+            report.reused_files = len(plan.good)
+            report.marker = verify.read_marker(dest)
+            say(f"prefetch: {dest} already holds the verified tree {lock.tree_digest}")
+            return done()
+        if not _space_ok(dest, plan, report):
+            return done()
+        verify.remove_marker(dest)
+        _clean_scratch(dest, lock)
+        for entry in plan.replace:
+            _unlink(os.path.join(dest, entry.path))
+        report.reused_files = len(plan.good)
+        _run(lock, dest, plan, report, workers=workers, download_workers=download_workers,
+             overlap=overlap, attempts=attempts,
+             fetcher=fetcher or _Fetcher(lock, dest, endpoint, token), say=say, interval=interval)
+        if report.problems:
+            return done()
+        _remove_scratch(dest)
+        final = verify.verify_tree(dest, lock, workers=workers, emit=emit, interval=interval)
+        if final.state_note:
+            report.notes.append(final.state_note)
+        if not final.ok:
+            report.problems = final.problems
+            return done()
+        report.marker = verify.write_marker(dest, lock, lock_sha256)
+        return done()
+    finally:
+        dir_lock.release()
+
+
+def _space_ok(dest: str, plan: Plan, report: PrefetchReport) -> bool:
+    need = plan.bytes_to_fetch(dest)
+    free = free_bytes(dest)
+    if need > free:
+        report.problems.append(Problem(
+            ".", f"not enough free space in {dest}: {need} bytes ({verify._gb(need)}) to fetch for "
+                 f"{len(plan.fetch) + len(plan.replace)} file(s), {free} bytes ({verify._gb(free)}) "
+                 "free; nothing was written"))
+        return False
+    return True
+
+
+def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, download_workers,
+         overlap, attempts, fetcher, say, interval) -> None:
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    good = dict(plan.good)
+    tries: dict[str, int] = {}
+    pending: dict = {}
+    landed: list[FileEntry] = []
+    in_flight: set = set()
+    downloads = ThreadPoolExecutor(max_workers=max(1, download_workers), thread_name_prefix="k3-fetch")
+    hasher = verify.Hasher(workers)
+    last_line = last_save = time.monotonic()
+    t0 = time.monotonic()
+
+    def fetch(entry: FileEntry, delay: float = 0.0) -> None:
+        tries[entry.path] = tries.get(entry.path, 0) + 1
+        in_flight.add(entry.path)
+        pending[downloads.submit(_after, delay, fetcher, entry)] = ("fetch", entry)
+
+    def hash_(entry: FileEntry) -> None:
+        pending[hasher.submit(os.path.join(dest, entry.path))] = ("hash", entry)
+
+    for entry in plan.rehash:
+        hash_(entry)
+    for entry in plan.fetch + plan.replace:
+        fetch(entry)
+    try:
+        while pending:
+            finished, _ = wait(list(pending), timeout=interval, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                kind, entry = pending.pop(fut)
+                if kind == "fetch":
+                    in_flight.discard(entry.path)
+                    _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say)
+                else:
+                    _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say)
+            if not overlap and landed and not any(k == "fetch" for k, _ in pending.values()):
+                for entry in landed:
+                    hash_(entry)
+                landed.clear()
+            now = time.monotonic()
+            if now - last_line >= interval:
+                last_line = now
+                partial = sum(_partial_size(dest, lock.by_path[p]) for p in list(in_flight))
+                rate = (report.downloaded_bytes + partial) / max(now - t0, 1e-9) / 1e9
+                say(f"prefetch: verified {len(good)}/{len(lock.files)} files; downloaded "
+                    f"{report.downloaded_files} files / {verify._gb(report.downloaded_bytes)} "
+                    f"(+{verify._gb(partial)} in flight, {rate:.2f} GB/s)")
+            if now - last_save >= STATE_SAVE_SECONDS:
+                last_save = now
+                verify.save_state(dest, good)      # a killed run keeps what it verified
+    finally:
+        downloads.shutdown(wait=True, cancel_futures=True)
+        hasher.close()
+        verify.save_state(dest, good)
+    report.problems.sort(key=lambda p: p.path)
+
+
+def _after(delay: float, fetcher, entry: FileEntry) -> None:
+    if delay:
+        time.sleep(delay)        # back off in the download thread, not the loop
+    fetcher(entry)
+
+
+def _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say) -> None:
+    try:
+        fut.result()
+    except Exception as exc:    # network, HTTP and Hub errors all end here
+        if _retryable(exc) and tries[entry.path] < attempts:
+            say(f"prefetch: {entry.path}: download failed ({_brief(exc)}); attempt "
+                f"{tries[entry.path] + 1} of {attempts}")
+            fetch(entry, delay=min(2 ** tries[entry.path], 30))
+        else:
+            report.problems.append(Problem(entry.path, f"download failed after {tries[entry.path]} "
+                                                       f"attempt(s): {_brief(exc)}"))
+        return
+    report.downloaded_files += 1
+    report.downloaded_bytes += entry.size
+    if overlap:
+        hash_(entry)
+    else:
+        landed.append(entry)
+
+
+def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say) -> None:
+    try:
+        result = fut.result()
+        report.hashed_bytes += result.size
+        problem = verify.check_hash(entry, result)
+    except OSError as exc:
+        problem = f"cannot read ({exc.strerror or exc})"
+    if problem is None:
+        good[entry.path] = tree.stamp_of(result.after) + (entry.sha256,)
+        return
+    _unlink(os.path.join(dest, entry.path))
+    if tries.get(entry.path, 0) < attempts:
+        say(f"prefetch: {entry.path}: {problem}; deleted, fetching it again")
+        fetch(entry)
+    else:
+        report.problems.append(Problem(entry.path, f"{problem} after {tries[entry.path]} "
+                                                   "download(s); deleted"))
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+# ---- a lock from Hub metadata ---------------------------------------------------------
+
+def lock_from_hub(repo: str, revision: str, *, endpoint: Optional[str] = None,
+                  token: Optional[str] = None, workers: int = DOWNLOAD_WORKERS,
+                  emit: Optional[Emit] = None) -> Lock:
+    """The lock of REPO at REVISION from Hub metadata: LFS files carry their sha256 and
+    size in the tree listing (no shard is downloaded); small non-LFS files are fetched,
+    hashed, and checked against their git blob id."""
+    tree.check_repo(repo)
+    tree.check_revision(revision)
+    hub_environment()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.hf_api import RepoFile
+
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    api = HfApi(endpoint=endpoint, token=token)
+    info = api.model_info(repo, revision=revision)
+    if info.sha != revision:
+        raise tree.LockError(f"the Hub resolved {repo}@{revision} to commit {info.sha!r}")
+    entries: list[FileEntry] = []
+    small: list = []
+    for item in api.list_repo_tree(repo, revision=revision, recursive=True):
+        if not isinstance(item, RepoFile):
+            continue
+        tree.check_path(item.path)
+        if item.lfs is not None:
+            entries.append(FileEntry(path=item.path, size=int(item.lfs.size),
+                                     sha256=tree.check_sha256(item.lfs.sha256, item.path)))
+        else:
+            small.append(item)
+    if emit:
+        emit(f"lock: {repo}@{revision}: {len(entries)} LFS files from metadata, "
+             f"{len(small)} small files to fetch and hash")
+
+    with tempfile.TemporaryDirectory(prefix="k3-lock-") as tmp:
+        def fetch_small(item) -> FileEntry:
+            local = hf_hub_download(repo, item.path, revision=revision, local_dir=tmp,
+                                    token=token, endpoint=endpoint)
+            with open(local, "rb") as fh:
+                data = fh.read()
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            if len(data) != item.size or blob != item.blob_id:
+                raise tree.LockError(f"{item.path}: fetched {len(data)} bytes with git blob id {blob}, "
+                                     f"the Hub lists {item.size} bytes, blob {item.blob_id}")
+            return FileEntry(path=item.path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            entries += list(pool.map(fetch_small, small))
+    return tree.make_lock(repo, revision, entries)
+

@@ -1,0 +1,424 @@
+"""The lock file and the k3-tree-v1 tree digest (standard library only: runs in pods).
+
+Lock file (JSON, UTF-8)::
+
+    {
+      "algorithm": "k3-tree-v1",
+      "repo": "<owner>/<name>",                      # Hugging Face model repo
+      "revision": "<40 lowercase hex>",              # the pinned Hub commit
+      "tree_digest": "sha256:<64 lowercase hex>",    # k3-tree-v1 over `files`
+      "total_bytes": <sum of sizes>,
+      "files": [{"path": "<relative path>", "size": <bytes>, "sha256": "<64 hex>"}, ...]
+    }
+
+`files` is sorted by path (ascending UTF-8 bytes) and lists every regular file of the
+tree. A path is relative with `/` separators; no empty, `.` or `..` component, no
+leading `/`, no backslash, NUL or newline; none of the reserved names below.
+
+k3-tree-v1, exactly: the tree digest is `"sha256:" + hex(SHA-256(M))` (lowercase hex)
+where the message M is the ASCII bytes `k3-tree-v1` followed by one LF (0x0A), then,
+for every file in ascending order of its path's UTF-8 bytes, the record
+
+    path (UTF-8) , 0x00 , size (ASCII decimal, no sign, no leading zeros) , 0x00 ,
+    sha256 of the file's content (64 lowercase ASCII hex) , 0x0A
+
+and nothing else (no record count, no trailing bytes). Directories, permissions,
+timestamps and ownership are not hashed; an empty tree hashes the header alone. Two
+trees have the same digest iff they hold the same paths with the same contents.
+
+Reserved names, excluded from the tree, the lock and the extra-file check (top level of
+the tree directory only):
+
+- `.k3-verified.json`      the "verified" marker the prefetch writes last;
+- `.k3-verify-state.json`  the verifier's per-file stamps;
+- their atomic-write temporaries `<name>.<pid>.<hex>.tmp`;
+- `.cache/huggingface/`    huggingface_hub's local-dir metadata and partial downloads
+  (the prefetch removes it once the tree matches; a tree made with `hf download
+  --local-dir` keeps it, and it must not change that tree's digest).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+ALGORITHM = "k3-tree-v1"
+MARKER_NAME = ".k3-verified.json"
+STATE_NAME = ".k3-verify-state.json"
+SCRATCH_PARENT = ".cache"
+SCRATCH_NAME = "huggingface"
+SCRATCH_DIR = f"{SCRATCH_PARENT}/{SCRATCH_NAME}"
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TMP = re.compile(r"^(%s|%s)\.[0-9]+\.[0-9a-f]+\.tmp$" % (re.escape(MARKER_NAME), re.escape(STATE_NAME)))
+_LOCK_KEYS = ("algorithm", "repo", "revision", "tree_digest", "total_bytes", "files")
+# 8 MiB reads: few syscalls, and hashlib drops the GIL for the whole buffer.
+READ_SIZE = 8 << 20
+
+
+class LockError(ValueError):
+    """A lock file (or a value for one) that does not follow the format."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    repo: str
+    revision: str
+    files: tuple[FileEntry, ...]
+    tree_digest: str
+    total_bytes: int
+    algorithm: str = ALGORITHM
+    by_path: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_path.update({f.path: f for f in self.files})
+
+
+def check_path(path: str) -> str:
+    """`path` if it is a valid lock path, else LockError naming the rule it breaks."""
+    if not isinstance(path, str) or not path:
+        raise LockError(f"path {path!r}: must be a non-empty string")
+    if path.startswith("/"):
+        raise LockError(f"path {path!r}: must be relative (no leading '/')")
+    bad = next((c for c in ("\\", "\x00", "\n", "\r") if c in path), None)
+    if bad is not None:
+        raise LockError(f"path {path!r}: must not contain {bad!r}")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise LockError(f"path {path!r}: empty, '.' or '..' component (escapes or aliases the tree)")
+    if reserved(path):
+        raise LockError(f"path {path!r}: reserved for the verifier/prefetch ({MARKER_NAME}, "
+                        f"{STATE_NAME}, {SCRATCH_DIR}/)")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LockError(f"path {path!r}: not valid UTF-8") from None
+    return path
+
+
+def reserved(path: str) -> bool:
+    """True for the top-level names the tree excludes (marker, state, scratch)."""
+    if path in (MARKER_NAME, STATE_NAME) or _TMP.match(path):
+        return True
+    return path == SCRATCH_DIR or path.startswith(SCRATCH_DIR + "/")
+
+
+def check_revision(revision: str) -> str:
+    if not isinstance(revision, str) or not _HEX40.match(revision):
+        raise LockError(f"revision {revision!r}: must be a 40-hex lowercase commit id "
+                        "(a branch or tag name is never accepted: it moves)")
+    return revision
+
+
+def check_repo(repo: str) -> str:
+    if not isinstance(repo, str) or not _REPO.match(repo):
+        raise LockError(f"repo {repo!r}: must be '<owner>/<name>'")
+    return repo
+
+
+def check_sha256(value: str, path: str = "") -> str:
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise LockError(f"sha256 {value!r}{' of ' + path if path else ''}: must be 64 lowercase hex")
+    return value
+
+
+def _sort_key(path: str) -> bytes:
+    return path.encode("utf-8")
+
+
+def tree_digest(files: Iterable[FileEntry]) -> str:
+    """k3-tree-v1 over (path, size, sha256) records; see the module docstring."""
+    h = hashlib.sha256(ALGORITHM.encode("ascii") + b"\n")
+    for f in sorted(files, key=lambda e: _sort_key(e.path)):
+        h.update(f.path.encode("utf-8") + b"\0" + str(int(f.size)).encode("ascii") + b"\0"
+                 + f.sha256.encode("ascii") + b"\n")
+    return "sha256:" + h.hexdigest()
+
+
+def make_lock(repo: str, revision: str, files: Iterable[FileEntry]) -> Lock:
+    """A validated Lock for these files (sorted; digest and total computed)."""
+    entries = sorted(files, key=lambda e: _sort_key(e.path))
+    seen = set()
+    for e in entries:
+        check_path(e.path)
+        check_sha256(e.sha256, e.path)
+        if not isinstance(e.size, int) or isinstance(e.size, bool) or e.size < 0:
+            raise LockError(f"size {e.size!r} of {e.path}: must be a non-negative integer")
+        if e.path in seen:
+            raise LockError(f"path {e.path!r}: listed twice")
+        seen.add(e.path)
+    _check_no_file_dir_clash(entries)
+    return Lock(repo=check_repo(repo), revision=check_revision(revision), files=tuple(entries),
+                tree_digest=tree_digest(entries), total_bytes=sum(e.size for e in entries))
+
+
+def _check_no_file_dir_clash(entries: list[FileEntry]) -> None:
+    paths = {e.path for e in entries}
+    for e in entries:
+        parts = e.path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in paths:
+                raise LockError(f"path {e.path!r}: {'/'.join(parts[:i])!r} is listed as a file")
+
+
+def lock_to_json(lock: Lock) -> str:
+    """Deterministic text: the same lock always serialises to the same bytes."""
+    head = {"algorithm": lock.algorithm, "repo": lock.repo, "revision": lock.revision,
+            "tree_digest": lock.tree_digest, "total_bytes": lock.total_bytes}
+    lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    rows = [json.dumps({"path": f.path, "size": f.size, "sha256": f.sha256}, ensure_ascii=False)
+            for f in lock.files]
+    if rows:
+        lines.append('  "files": [')
+        lines += [f"    {r}," for r in rows[:-1]] + [f"    {rows[-1]}", "  ]"]
+    else:
+        lines.append('  "files": []')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_lock(data: object) -> Lock:
+    """A Lock from parsed JSON; LockError naming the key, the value and what is accepted."""
+    if not isinstance(data, dict):
+        raise LockError("lock: the top level must be a JSON object")
+    missing = [k for k in _LOCK_KEYS if k not in data]
+    if missing:
+        raise LockError(f"lock: missing key(s) {missing}; a lock has {list(_LOCK_KEYS)}")
+    unknown = sorted(set(data) - set(_LOCK_KEYS))
+    if unknown:
+        raise LockError(f"lock: unknown key(s) {unknown}; a lock has {list(_LOCK_KEYS)}")
+    if data["algorithm"] != ALGORITHM:
+        raise LockError(f"algorithm {data['algorithm']!r}: only {ALGORITHM!r} is accepted")
+    if not isinstance(data["files"], list):
+        raise LockError("files: must be a list of {path, size, sha256}")
+    entries = []
+    for i, row in enumerate(data["files"]):
+        if not isinstance(row, dict) or set(row) != {"path", "size", "sha256"}:
+            raise LockError(f"files[{i}] {row!r}: must be an object with exactly path, size, sha256")
+        entries.append(FileEntry(path=row["path"], size=row["size"], sha256=row["sha256"]))
+    lock = make_lock(data["repo"], data["revision"], entries)
+    if [e.path for e in entries] != [e.path for e in lock.files]:
+        raise LockError("files: must be sorted by path (ascending UTF-8 bytes)")
+    if data["tree_digest"] != lock.tree_digest:
+        raise LockError(f"tree_digest {data['tree_digest']!r} does not match the files listed "
+                        f"(k3-tree-v1 gives {lock.tree_digest}): the lock was edited or is corrupt")
+    if data["total_bytes"] != lock.total_bytes:
+        raise LockError(f"total_bytes {data['total_bytes']!r}: the files add up to {lock.total_bytes}")
+    return lock
+
+
+def load_lock(path: str) -> tuple[Lock, str]:
+    """(Lock, sha256 hex of the lock file's bytes)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise LockError(f"lock {path}: cannot read ({exc.strerror})") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LockError(f"lock {path}: not JSON ({exc})") from None
+    return parse_lock(data), hashlib.sha256(raw).hexdigest()
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the new one, never half:
+    temporary in the same directory, fsync, rename, fsync the directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_json(path: str, obj: object) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Problem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass
+class Scan:
+    """What is on disk under a tree: regular files (lstat) and what may not be there."""
+
+    files: dict = field(default_factory=dict)        # relative path -> os.stat_result
+    problems: list = field(default_factory=list)     # [Problem]
+    problem_paths: set = field(default_factory=set)
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def scan_tree(root: str) -> Scan:
+    """Walk `root` without following symlinks: one lstat per entry (O(files) calls)."""
+    scan = Scan()
+    real_root = os.path.realpath(root).rstrip("/") + "/"
+
+    def add(rel: str, message: str) -> None:
+        scan.problems.append(Problem(rel, message))
+        scan.problem_paths.add(rel)
+
+    def walk(abs_dir: str, rel_dir: str) -> None:
+        try:
+            entries = sorted(os.scandir(abs_dir), key=lambda e: e.name)
+        except OSError as exc:
+            add(rel_dir or ".", f"cannot list directory ({exc.strerror})")
+            return
+        for entry in entries:
+            if not rel_dir and (entry.name in (MARKER_NAME, STATE_NAME) or _TMP.match(entry.name)):
+                continue
+            if rel_dir == SCRATCH_PARENT and entry.name == SCRATCH_NAME and entry.is_dir(follow_symlinks=False):
+                continue  # huggingface_hub's download scratch area, see the module docstring
+            visit(entry, f"{rel_dir}/{entry.name}" if rel_dir else entry.name)
+
+    def visit(entry: os.DirEntry, rel: str) -> None:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            add(rel, f"cannot stat ({exc.strerror})")
+            return
+        if stat.S_ISREG(st.st_mode):
+            scan.files[rel] = st
+        elif stat.S_ISDIR(st.st_mode):
+            walk(entry.path, rel)
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(entry.path)
+            inside = (os.path.realpath(entry.path) + "/").startswith(real_root)
+            add(rel, f"symlink (-> {target}): the tree must hold regular files only" if inside
+                else f"symlink escaping the tree (-> {target})")
+        else:
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            add(rel, f"{kind}: the tree must hold regular files only")
+
+    walk(root, "")
+    return scan
+
+
+@dataclass(frozen=True)
+class FileHash:
+    sha256: str
+    size: int          # bytes actually read
+    before: os.stat_result
+    after: os.stat_result
+
+
+def stamp_of(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What proves a file unchanged since it was hashed: (size, mtime_ns, ctime_ns, inode).
+    ctime cannot be set from user space, so rewriting a file and restoring its mtime
+    still changes the stamp."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def hash_file(path: str, buf: Optional[bytearray] = None) -> FileHash:
+    """SHA-256 of a regular file, read in large blocks (the GIL is released while
+    reading and hashing, so threads hash files in parallel). Refuses a symlink."""
+    buf = buf if buf is not None else bytearray(READ_SIZE)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except OSError:
+                pass
+        h = hashlib.sha256()
+        view = memoryview(buf)
+        total = 0
+        with open(fd, "rb", buffering=0, closefd=False) as raw:
+            while True:
+                n = raw.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+                total += n
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return FileHash(sha256=h.hexdigest(), size=total, before=before, after=after)
+
+
+def default_workers() -> int:
+    """Hashing threads: the CPUs this process may run on, capped by a cgroup v2 CPU quota
+    (a pod limited to 32 CPUs on a 192-core node must not start 192 readers)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as fh:
+            quota, period = fh.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def revision_from_hf_metadata(root: str) -> Optional[str]:
+    """The commit a `hf download --local-dir` tree was fetched at, from huggingface_hub's
+    `.cache/huggingface/download/*.metadata` (first line: commit). None when absent or
+    when the files disagree."""
+    commits = set()
+    for dirpath, _dirs, names in os.walk(os.path.join(root, SCRATCH_DIR, "download")):
+        for name in names:
+            if name.endswith(".metadata"):
+                try:
+                    with open(os.path.join(dirpath, name)) as fh:
+                        commits.add(fh.readline().strip())
+                except OSError:
+                    continue
+    if len(commits) == 1:
+        (commit,) = commits
+        return commit if _HEX40.match(commit) else None
+    return None

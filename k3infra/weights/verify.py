@@ -1,0 +1,312 @@
+"""Parallel verifier of a weights tree against its lock (standard library only: runs in pods).
+
+Hashing runs in threads over large reads: CPython's hashlib and file reads release the
+GIL for big buffers, so N threads approach N x one core's SHA-256 speed. Files are
+scheduled largest first so the last core is not left with the biggest shard.
+
+Stamps: after a file hashes to its lock digest, its (size, mtime_ns, ctime_ns, inode)
+goes into DIR/.k3-verify-state.json (written atomically). A later run re-hashes only
+files whose stamp changed, so re-verifying an unchanged 1.5 TB tree after a pod restart
+is O(files) stat calls; `full=True` ignores the stamps. When DIR is read-only (the
+serving container) the state is not written and the verification still stands.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from . import tree
+from .tree import FileEntry, Lock, Problem
+
+STATE_FORMAT = "k3-verify-state/1"
+MARKER_FORMAT = "k3-verified/1"
+PROGRESS_SECONDS = 5.0
+
+Emit = Callable[[str], None]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+class Progress:
+    """Plain-text progress lines at most every `interval` seconds (pod logs, no TTY)."""
+
+    def __init__(self, label: str, total_files: int, total_bytes: int, emit: Optional[Emit],
+                 interval: float = PROGRESS_SECONDS):
+        self.label, self.total_files, self.total_bytes = label, total_files, total_bytes
+        self.emit, self.interval = emit, interval
+        self.files = self.bytes = 0
+        self.start = self.last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.files += 1
+            self.bytes += nbytes
+            now = time.monotonic()
+            if self.emit is None or now - self.last < self.interval:
+                return
+            self.last = now
+            rate = self.bytes / max(now - self.start, 1e-9) / 1e9
+            line = (f"{self.label}: {self.files}/{self.total_files} files, "
+                    f"{_gb(self.bytes)}/{_gb(self.total_bytes)}, {rate:.2f} GB/s")
+        self.emit(line)
+
+
+class Hasher:
+    """A pool of hashing threads, each with its own large read buffer."""
+
+    def __init__(self, workers: Optional[int] = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.workers = max(1, workers or tree.default_workers())
+        self._local = threading.local()
+        self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="k3-hash")
+
+    def _buf(self) -> bytearray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = bytearray(tree.READ_SIZE)
+        return buf
+
+    def submit(self, path: str):
+        """Future of tree.FileHash (raises OSError when the file cannot be read)."""
+        return self.pool.submit(lambda: tree.hash_file(path, self._buf()))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+@dataclass
+class Report:
+    root: str
+    problems: list = field(default_factory=list)    # [Problem]
+    files: int = 0
+    bytes: int = 0
+    hashed_files: int = 0
+    hashed_bytes: int = 0
+    stamped_files: int = 0
+    seconds: float = 0.0
+    state_note: str = ""
+    good: dict = field(default_factory=dict)        # path -> stamp of files that match
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def gbps(self) -> float:
+        return self.hashed_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        verdict = "OK" if self.ok else f"FAILED ({len(self.problems)} problem(s))"
+        return (f"verify {verdict}: {self.files} files, {_gb(self.bytes)} in {self.root}; "
+                f"hashed {self.hashed_files} files / {_gb(self.hashed_bytes)} at {self.gbps:.2f} GB/s, "
+                f"{self.stamped_files} unchanged by stamp; {self.seconds:.2f} s")
+
+
+# ---- stamp state -----------------------------------------------------------------
+
+def load_state(root: str) -> dict:
+    """path -> (size, mtime_ns, ctime_ns, ino, sha256); {} when absent or unreadable."""
+    try:
+        with open(os.path.join(root, tree.STATE_NAME), "rb") as fh:
+            data = json.loads(fh.read())
+        if data.get("format") != STATE_FORMAT:
+            return {}
+        return {p: tuple(v) for p, v in data["files"].items() if isinstance(v, list) and len(v) == 5}
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return {}
+
+
+def save_state(root: str, good: dict) -> str:
+    """Write the stamps atomically; '' on success, else why not (read-only mount...)."""
+    data = {"format": STATE_FORMAT, "files": {p: list(v) for p, v in sorted(good.items())}}
+    try:
+        tree.atomic_write(os.path.join(root, tree.STATE_NAME),
+                          json.dumps(data, separators=(",", ":")).encode("utf-8"))
+        return ""
+    except OSError as exc:
+        return f"stamps not saved ({exc.strerror or exc}): the next run re-hashes"
+
+
+# ---- marker ------------------------------------------------------------------------
+
+def marker_path(root: str) -> str:
+    return os.path.join(root, tree.MARKER_NAME)
+
+
+def read_marker(root: str) -> Optional[dict]:
+    try:
+        with open(marker_path(root), "rb") as fh:
+            data = json.loads(fh.read())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def marker_problem(root: str, lock: Lock) -> Optional[str]:
+    """None when the marker names this lock's tree digest, repo and revision."""
+    data = read_marker(root)
+    if data is None:
+        return (f"no valid marker {tree.MARKER_NAME}: the prefetch has not completed "
+                "(or the marker is unreadable)")
+    for key, want in (("tree_digest", lock.tree_digest), ("repo", lock.repo),
+                      ("revision", lock.revision)):
+        if data.get(key) != want:
+            return f"marker names {key} {data.get(key)!r}, the lock has {want!r}"
+    return None
+
+
+def write_marker(root: str, lock: Lock, lock_sha256: str) -> dict:
+    data = {"format": MARKER_FORMAT, "algorithm": tree.ALGORITHM, "tree_digest": lock.tree_digest,
+            "lock_sha256": lock_sha256, "repo": lock.repo, "revision": lock.revision,
+            "files": len(lock.files), "bytes": lock.total_bytes,
+            "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    tree.atomic_write_json(marker_path(root), data)
+    return data
+
+
+def remove_marker(root: str) -> None:
+    try:
+        os.unlink(marker_path(root))
+    except FileNotFoundError:
+        return
+    tree.fsync_dir(root)
+
+
+# ---- the verifier --------------------------------------------------------------------
+
+def size_problem(entry: FileEntry, size: int) -> Optional[str]:
+    if size < entry.size:
+        return f"truncated: {size} of {entry.size} bytes"
+    if size > entry.size:
+        return f"grown: {size} bytes, the lock says {entry.size}"
+    return None
+
+
+def check_hash(entry: FileEntry, result: "tree.FileHash") -> Optional[str]:
+    """None when the hashed file is the locked one and did not change while read."""
+    if tree.stamp_of(result.before) != tree.stamp_of(result.after):
+        return "changed while being verified"
+    problem = size_problem(entry, result.size)
+    if problem:
+        return problem
+    if result.sha256 != entry.sha256:
+        return f"wrong hash: sha256 {result.sha256}, the lock says {entry.sha256}"
+    return None
+
+
+def stamp_valid(state: dict, entry: FileEntry, st: os.stat_result) -> bool:
+    recorded = state.get(entry.path)
+    return recorded is not None and recorded[4] == entry.sha256 and \
+        tuple(recorded[:4]) == tree.stamp_of(st)
+
+
+def verify_tree(root: str, lock: Lock, *, full: bool = False, workers: Optional[int] = None,
+                emit: Optional[Emit] = None, write_state: bool = True,
+                interval: float = PROGRESS_SECONDS) -> Report:
+    """Check that `root` holds exactly the lock's files with the lock's contents."""
+    start = time.monotonic()
+    report = Report(root=root, files=len(lock.files), bytes=lock.total_bytes)
+    if not os.path.isdir(root):
+        report.problems.append(Problem(".", f"{root} is not a directory"))
+        report.seconds = time.monotonic() - start
+        return report
+    scan = tree.scan_tree(root)
+    report.problems.extend(scan.problems)
+    for rel in sorted(set(scan.files) - set(lock.by_path)):
+        report.problems.append(Problem(rel, "extra file, not in the lock"))
+    state = {} if full else load_state(root)
+    to_hash: list[FileEntry] = []
+    for entry in lock.files:
+        st = scan.files.get(entry.path)
+        if st is None:
+            if entry.path not in scan.problem_paths:
+                report.problems.append(Problem(entry.path, "missing"))
+            continue
+        problem = size_problem(entry, st.st_size)
+        if problem:
+            report.problems.append(Problem(entry.path, problem))
+        elif stamp_valid(state, entry, st):
+            report.stamped_files += 1
+            report.good[entry.path] = tuple(state[entry.path])
+        else:
+            to_hash.append(entry)
+    if to_hash:
+        _hash_entries(root, to_hash, workers, emit, interval, report)
+    report.problems.sort(key=lambda p: p.path)
+    report.seconds = time.monotonic() - start
+    if write_state and report.good != state:
+        report.state_note = save_state(root, report.good)
+    return report
+
+
+def _hash_entries(root: str, entries: list[FileEntry], workers: Optional[int], emit: Optional[Emit],
+                  interval: float, report: Report) -> None:
+    entries = sorted(entries, key=lambda e: -e.size)   # largest first: balanced tail
+    progress = Progress("verify", len(entries), sum(e.size for e in entries), emit, interval)
+    hasher = Hasher(workers)
+    try:
+        futures = [(e, hasher.submit(os.path.join(root, e.path))) for e in entries]
+        for entry, fut in futures:
+            try:
+                result = fut.result()
+            except OSError as exc:
+                report.problems.append(Problem(entry.path, f"cannot read ({exc.strerror or exc})"))
+                continue
+            report.hashed_files += 1
+            report.hashed_bytes += result.size
+            progress.add(result.size)
+            problem = check_hash(entry, result)
+            if problem:
+                report.problems.append(Problem(entry.path, problem))
+            else:
+                report.good[entry.path] = tree.stamp_of(result.after) + (entry.sha256,)
+    finally:
+        hasher.close()
+
+
+# ---- a lock from a local tree ---------------------------------------------------------
+
+def lock_from_dir(root: str, repo: str, revision: str, *, workers: Optional[int] = None,
+                  emit: Optional[Emit] = None, interval: float = PROGRESS_SECONDS) -> Lock:
+    """Hash every regular file under `root` (in parallel) into a lock. Refuses a tree
+    holding symlinks or special files: the lock describes regular files only."""
+    tree.check_repo(repo)
+    tree.check_revision(revision)
+    if not os.path.isdir(root):
+        raise tree.LockError(f"{root}: not a directory")
+    scan = tree.scan_tree(root)
+    if scan.problems:
+        raise tree.LockError("cannot lock " + root + ":\n" + "\n".join(f"  {p}" for p in scan.problems))
+    for rel in scan.files:
+        tree.check_path(rel)
+    ordered = sorted(scan.files.items(), key=lambda kv: -kv[1].st_size)
+    progress = Progress("lock", len(ordered), sum(st.st_size for _, st in ordered), emit, interval)
+    hasher = Hasher(workers)
+    entries = []
+    try:
+        futures = [(rel, hasher.submit(os.path.join(root, rel))) for rel, _ in ordered]
+        for rel, fut in futures:
+            result = fut.result()
+            if tree.stamp_of(result.before) != tree.stamp_of(result.after):
+                raise tree.LockError(f"{rel}: changed while being hashed")
+            progress.add(result.size)
+            entries.append(FileEntry(path=rel, size=result.size, sha256=result.sha256))
+    finally:
+        hasher.close()
+    return tree.make_lock(repo, revision, entries)
+
+
+def print_problems(problems: Iterable[Problem], stream=None) -> None:
+    stream = stream or sys.stderr
+    for p in problems:
+        print(f"  {p}", file=stream)
