@@ -1,0 +1,98 @@
+"""NetworkPolicies for the serving pods and the weights prefetch Job.
+
+Pure: (config, names) -> manifest dicts.
+
+Serving pods: ingress is denied except the API port, and only from the configured
+namespaces / pod labels, the metrics scraper and (when enabled) this stack's benchmark
+Job. Egress is DNS only: one replica is one pod, tensor parallelism runs inside it over
+NVLink and /dev/shm, so a serving pod opens no connection to other pods, and with
+HF_HUB_OFFLINE=1 none to the Hub. The one exception is node-local weights, where the
+pod's gate init container fetches missing files (a policy applies to the whole pod).
+
+Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`).
+
+Kubelet probes and `kubectl port-forward` reach the pod from its own node and are not
+subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-native).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from k3infra.config import StackConfig
+from k3infra.serving import manifests as m
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set by the API server on every namespace
+DNS_PORT = 53
+PREFETCH_COMPONENT = "weights-prefetch"
+BENCHMARK_COMPONENT = "benchmark"
+
+
+def policy_names(base: str) -> dict[str, str]:
+    return {"serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}"}
+
+
+def _namespace_peer(namespace: str, pod_labels: dict[str, str] | None = None) -> dict:
+    peer: dict[str, Any] = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}}
+    if pod_labels:
+        peer["podSelector"] = {"matchLabels": dict(pod_labels)}   # both: AND, not OR
+    return peer
+
+
+def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
+    """Who may open the API port. Empty means nobody (the pods still start and pass
+    their probes; clients need k3:network.allowFromNamespaces or allowFromPodLabels)."""
+    net = cfg.network
+    peers = [_namespace_peer(ns) for ns in net.allow_from_namespaces]
+    if net.allow_from_pod_labels:
+        peers.append({"podSelector": {"matchLabels": dict(net.allow_from_pod_labels)}})
+    if net.scraper_namespace:
+        peers.append(_namespace_peer(net.scraper_namespace, net.scraper_pod_labels))
+    if cfg.benchmark.enabled:
+        peers.append({"podSelector": {"matchLabels": {
+            "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/component": BENCHMARK_COMPONENT}}})
+    return peers
+
+
+def dns_egress(cfg: StackConfig) -> dict:
+    to: list[dict] = [_namespace_peer(cfg.network.dns_namespace)]
+    to += [{"ipBlock": {"cidr": cidr}} for cidr in cfg.network.dns_cidrs]
+    return {"to": to, "ports": [{"port": DNS_PORT, "protocol": "UDP"},
+                                {"port": DNS_PORT, "protocol": "TCP"}]}
+
+
+def hub_egress(cfg: StackConfig) -> dict:
+    return {"to": [{"ipBlock": {"cidr": cidr}} for cidr in cfg.network.hub_cidrs],
+            "ports": [{"port": port, "protocol": "TCP"} for port in cfg.network.hub_ports]}
+
+
+def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+    peers = serving_ingress_peers(cfg, instance)
+    ingress = [{"from": peers, "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}] \
+        if peers else []
+    egress = [dns_egress(cfg)]
+    if cfg.weights.mode == "node-local":
+        egress.append(hub_egress(cfg))
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": policy_names(names.base)["serving"], "namespace": names.namespace,
+                         "labels": m.labels(instance, "network-policy")},
+            "spec": {"podSelector": {"matchLabels": m.selector_labels(instance)},
+                     "policyTypes": ["Ingress", "Egress"],
+                     "ingress": ingress, "egress": egress}}
+
+
+def prefetch_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": policy_names(names.base)["prefetch"], "namespace": names.namespace,
+                         "labels": m.labels(instance, "network-policy")},
+            "spec": {"podSelector": {"matchLabels": {
+                         "app.kubernetes.io/name": m.APP,
+                         "app.kubernetes.io/instance": instance,
+                         "app.kubernetes.io/component": PREFETCH_COMPONENT}},
+                     "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [],
+                     "egress": [dns_egress(cfg), hub_egress(cfg)]}}
+
+
+def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
+    return [serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
