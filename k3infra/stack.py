@@ -19,6 +19,7 @@ from k3infra.config import StackConfig, parse_stack_config
 from k3infra.hbm import hbm_fit
 from k3infra.kube import apply_manifest
 from k3infra.nodepool.component import B300NodePool
+from k3infra.operations.component import ServingOperations
 from k3infra.preflight import run_preflight
 from k3infra.receipt import Receipt, load_receipt
 from k3infra.serving import manifests as m
@@ -90,6 +91,9 @@ class K3ServingStack(pulumi.ComponentResource):
         ns = apply_manifest(f"{name}-namespace",
                             m.namespace(cfg.namespace, instance, m.pod_security_level(cfg)), child)
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
+        # NetworkPolicies first (no pod of the stack runs unpoliced), then the metrics
+        # objects and dashboard that k3:monitoring asks for.
+        self.operations = ServingOperations(f"{name}-operations", receipt, cfg, names, instance, in_ns)
 
         image: Any = cfg.engine_image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
