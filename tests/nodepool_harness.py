@@ -43,10 +43,10 @@ class Recorder(pulumi.runtime.Mocks):
         return {}
 
 
-def run(build: Callable[[], Any]) -> list[tuple[str, str, dict]]:
+def run(build: Callable[[], Any], mocks: Recorder | None = None) -> list[tuple[str, str, dict]]:
     """Run `build` (which registers resources) to completion under fresh mocks."""
     asyncio.set_event_loop(asyncio.new_event_loop())
-    mocks = Recorder()
+    mocks = mocks or Recorder()
     pulumi.runtime.set_mocks(mocks, project="k3", stack="test", preview=False)
 
     @pulumi.runtime.test

@@ -1,0 +1,118 @@
+"""Preflight: every check passes on the shipped stacks, and each failure is a clear
+error naming key, value and what is accepted, raised before anything is created."""
+import pytest
+
+from k3infra.cli import main
+from k3infra.config import ConfigError
+from k3infra.preflight import (PreflightError, check_capacity_zone, check_hbm,
+                               check_local_nvme, check_node_count, check_pool_gpu,
+                               preflight_report)
+
+from conftest import GOOD_REVISION
+from nodepool_harness import AWS, OCI, Recorder, run, stack_config
+
+BLOCK = {"reservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"}
+
+
+def test_report_lines_for_a_good_aws_stack(receipt):
+    cfg = stack_config({"provider": "aws", "aws": {**AWS, "capacityBlock": BLOCK}},
+                       weights={"mode": "node-local"})
+    lines = preflight_report(cfg, receipt, lock_total_bytes=1_561_000_000_000)
+    assert all(line.startswith("ok  ") for line in lines)
+    text = "\n".join(lines)
+    assert "headroom" in text and "p6-b300.48xlarge" in text
+    assert "30400.0 GB per node >= 1561.0 GB (lock total)" in text
+    assert "cr-0123456789abcdef0 in us-east-1b" in text
+
+
+def test_b200_refused_by_the_hbm_check(receipt):
+    cfg = stack_config({"provider": "existing"}, gpuProduct="NVIDIA-B200")
+    with pytest.raises(PreflightError) as err:
+        check_hbm(cfg, receipt)
+    assert err.value.key == "k3:gpuProduct" and err.value.value == "NVIDIA-B200"
+    assert "does not fit" in str(err.value) and "175.40" in str(err.value)
+
+
+def test_b200_on_a_cloud_stack_is_refused_by_render(tmp_path, capsys):
+    code = main(["render", "--stack", "aws", "--config", f"weightsRevision={GOOD_REVISION}",
+                 "--config", "gpuProduct=NVIDIA-B200", "--out", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "k3:gpuProduct" in err and "does not fit" in err
+
+
+def test_pool_gpu_mismatch_refused(receipt):
+    cfg = stack_config({"provider": "oci", "oci": OCI}, gpuProduct="NVIDIA-H999",
+                       gpuMemoryGib=400)
+    with pytest.raises(PreflightError, match="BM.GPU.B300.8 nodes whose GPUs are "
+                                             "NVIDIA-B300-SXM6-AC") as err:
+        check_pool_gpu(cfg, receipt)
+    assert err.value.key == "k3:gpuProduct"
+
+
+def test_fewer_nodes_than_replicas_refused(receipt):
+    cfg = stack_config({"provider": "aws", "aws": AWS, "nodeCount": 1}, replicas=2)
+    with pytest.raises(PreflightError) as err:
+        check_node_count(cfg, receipt)
+    assert err.value.key == "k3:nodePool.nodeCount" and err.value.value == 1
+    assert "one replica is one whole 8-GPU node" in str(err.value)
+
+
+def test_spare_nodes_reported(receipt):
+    cfg = stack_config({"provider": "aws", "aws": AWS, "nodeCount": 3}, replicas=2)
+    assert "1 spare" in check_node_count(cfg, receipt).detail
+
+
+def test_local_nvme_too_small_for_the_lock(receipt):
+    cfg = stack_config({"provider": "aws", "aws": AWS}, weights={"mode": "node-local"})
+    with pytest.raises(PreflightError) as err:
+        check_local_nvme(cfg, receipt, lock_total_bytes=28_000_000_000_000)
+    assert err.value.key == "k3:weights.mode"
+    assert "30400.0 GB of local NVMe per node cannot hold 28000.0 GB" in str(err.value)
+
+
+def test_stated_local_nvme_below_weights_plus_margin(receipt):
+    # 1600 GB holds the receipt's 1561 GB but not the 10 % margin on top.
+    cfg = stack_config({"provider": "oci", "oci": OCI, "localNvmeGB": 1600},
+                       weights={"mode": "node-local"})
+    with pytest.raises(PreflightError) as err:
+        check_local_nvme(cfg, receipt)
+    assert err.value.key == "k3:nodePool.localNvmeGB" and err.value.value == 1600
+    assert "receipt size" in str(err.value)
+
+
+def test_unknown_local_nvme_refused_for_created_pools(receipt):
+    cfg = stack_config({"provider": "oci", "oci": OCI}, weights={"mode": "node-local"})
+    with pytest.raises(PreflightError) as err:
+        check_local_nvme(cfg, receipt)
+    assert err.value.key == "k3:nodePool.localNvmeGB"
+    assert "BM.GPU.B300.8" in str(err.value)
+
+
+def test_capacity_block_in_another_az_refused(receipt):
+    settings = {**AWS, "capacityBlock": {**BLOCK, "availabilityZone": "us-east-1a"}}
+    cfg = stack_config({"provider": "aws", "aws": settings})
+    with pytest.raises(PreflightError) as err:
+        check_capacity_zone(cfg, receipt)
+    assert err.value.key == "k3:nodePool.aws.subnets"
+    assert "subnet-0123456789abcdef0 (us-east-1b)" in str(err.value)
+    assert "only subnets in us-east-1a" in str(err.value)
+
+
+def test_preflight_error_is_a_config_error():
+    assert issubclass(PreflightError, ConfigError)
+
+
+def test_failed_preflight_registers_nothing():
+    from k3infra.stack import K3ServingStack
+
+    cfg = stack_config({"provider": "aws", "aws": AWS, "nodeCount": 1}, replicas=2,
+                       acceptModelLicense=True)
+    mocks = Recorder()
+    with pytest.raises(Exception) as err:
+        run(lambda: K3ServingStack("k3", cfg), mocks)
+    assert mocks.registered == []
+    cause = err.value
+    while not isinstance(cause, PreflightError) and (cause.__cause__ or cause.__context__):
+        cause = cause.__cause__ or cause.__context__
+    assert isinstance(cause, PreflightError)
