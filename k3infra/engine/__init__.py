@@ -1,0 +1,20 @@
+"""The engine image: which vLLM a stack runs and how its image is obtained.
+
+`resolve_engine(receipt, cfg) -> EnginePlan` is pure; `EngineBuild` (component.py) is the
+Pulumi component whose `image` output (repo@sha256:...) the serving StatefulSet uses.
+"""
+from k3infra.engine.plan import (NOT_MEASURED, RECIPE_CUDA_VERSION, UPSTREAM_MIN_VERSION,
+                                 EnginePlan, arch_list, build_args, build_parallelism,
+                                 resolve_engine)
+
+__all__ = ["EnginePlan", "resolve_engine", "build_args", "build_parallelism", "arch_list",
+           "UPSTREAM_MIN_VERSION", "RECIPE_CUDA_VERSION", "NOT_MEASURED", "EngineBuild",
+           "EngineBuildArgs"]
+
+
+def __getattr__(name: str):
+    # The component imports Pulumi; pure users (render summary, CLI) need not.
+    if name in ("EngineBuild", "EngineBuildArgs"):
+        from k3infra.engine import component
+        return getattr(component, name)
+    raise AttributeError(name)

@@ -1,0 +1,221 @@
+"""Which engine a stack runs and how its image is obtained: (receipt, config) -> EnginePlan.
+
+Pure: no Pulumi, no I/O. Every engine pin (repository, commit, pull request, version,
+excluded extension, compute capability) is read from the receipt and reaches the
+Dockerfile only as a build argument built here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from packaging.version import InvalidVersion, Version
+
+from k3infra.config import ConfigError, StackConfig
+from k3infra.receipt import Receipt
+
+# First vLLM release that supports Kimi K3 natively and accepts every receipt flag
+# (shared/K3_FACTS.md, "Engine facts"). It is a different engine from the receipt's:
+# the `upstream` profile is labelled as such everywhere it shows.
+UPSTREAM_MIN_VERSION = "0.33.0"
+NOT_MEASURED = "not the measured engine"
+
+# The recipe's CUDA toolkit; images/Dockerfile `ARG CUDA_VERSION` (a test keeps them
+# equal). Why 13.0 and not 12.9: docs/engine.md, "CUDA and the architecture list".
+RECIPE_CUDA_VERSION = "13.0.2"
+
+# Sizing of nvcc parallelism. vLLM's setup.py divides MAX_JOBS by NVCC_THREADS to get
+# the number of parallel compiles, so MAX_JOBS is the number of nvcc threads alive at
+# once. One thread compiling the heaviest CUTLASS/Marlin units for one architecture
+# peaks at several GiB; 5 GiB per thread plus 8 GiB for the rest of the pod (BuildKit,
+# the linker, pip) keeps a build below its memory limit. OOM kills are the most common
+# failure of vLLM source builds, so these err on the safe side.
+NVCC_THREAD_GIB = 5
+BUILD_RESERVE_GIB = 8
+DEFAULT_NVCC_THREADS = 2
+
+# The build node the Dockerfile's MAX_JOBS / NVCC_THREADS defaults are sized for
+# (build_parallelism(DOCKERFILE_NODE_CPU, DOCKERFILE_NODE_MEMORY_GI); a test checks).
+DOCKERFILE_NODE_CPU = 32
+DOCKERFILE_NODE_MEMORY_GI = 128
+
+MODES = ("prebuilt", "in-cluster", "local")
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The engine a stack runs. `image` is set for prebuilt; build modes get theirs from
+    the build (a digest Output), `build_args` are what the Dockerfile receives."""
+
+    mode: str
+    profile: str
+    measured: bool
+    label: str
+    engine_version: Optional[str]
+    engine_commit: Optional[str]
+    image: Optional[str] = None
+    repository: Optional[str] = None
+    tag: Optional[str] = None
+    wheel_sha256: Optional[str] = None
+    build_args: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def builds(self) -> bool:
+        return self.mode != "prebuilt"
+
+    @property
+    def image_digest(self) -> Optional[str]:
+        return self.image.rsplit("@", 1)[1] if self.image else None
+
+    @property
+    def tagged_ref(self) -> Optional[str]:
+        return f"{self.repository}:{self.tag}" if self.repository and self.tag else None
+
+    @property
+    def cache_ref(self) -> Optional[str]:
+        """Registry build cache (BuildKit `type=registry`, mode=max) beside the image."""
+        return f"{self.repository}:buildcache" if self.repository else None
+
+
+def arch_list(cuda_version: str, compute_capability: str) -> str:
+    """TORCH_CUDA_ARCH_LIST that builds a vLLM wheel running on `compute_capability`.
+
+    CUDA >= 13: the family's base (`10.0`). vLLM's CMake compiles arch-specific kernels
+    for the family target `10.0f` when `10.0` is listed (sm_100f runs on every 10.x,
+    sm_103 included) and generic kernels as sm_100, which runs on 10.3 by CUDA's
+    minor-version binary compatibility. `10.0f` itself cannot go in the list: PyTorch's
+    CMake accepts only `N.N[a]`. CUDA 12.9 has no family targets: it must name 10.3.
+    """
+    cuda = Version(cuda_version)
+    major, _, minor = compute_capability.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ValueError(f"compute capability {compute_capability!r} is not <major>.<minor>")
+    if cuda >= Version("13.0"):
+        return f"{major}.0"
+    if cuda >= Version("12.9"):
+        return compute_capability if minor == "0" else f"{major}.0;{compute_capability}"
+    raise ValueError(f"CUDA {cuda_version} cannot target compute capability "
+                     f"{compute_capability}: 12.9 or newer is needed")
+
+
+def build_parallelism(cpu: int, memory_gi: int, nvcc_threads: Optional[int] = None,
+                      max_jobs: Optional[int] = None) -> tuple[int, int]:
+    """(MAX_JOBS, NVCC_THREADS) for a build node: as many nvcc threads as cores, but no
+    more than the memory holds. An explicit max_jobs that would not fit is refused."""
+    budget = (memory_gi - BUILD_RESERVE_GIB) // NVCC_THREAD_GIB
+    if budget < 1:
+        raise ConfigError("k3:engine.buildMemoryGi", memory_gi,
+                          f"needs at least {BUILD_RESERVE_GIB + NVCC_THREAD_GIB} GiB "
+                          f"({NVCC_THREAD_GIB} GiB per nvcc thread + {BUILD_RESERVE_GIB} GiB)")
+    if max_jobs is not None and max_jobs > budget:
+        raise ConfigError("k3:engine.maxJobs", max_jobs,
+                          f"at most {budget} with buildMemoryGi {memory_gi}: each nvcc thread "
+                          f"needs about {NVCC_THREAD_GIB} GiB and OOM-killed builds fail late")
+    jobs = max_jobs if max_jobs is not None else max(1, min(cpu, budget))
+    threads = min(nvcc_threads or DEFAULT_NVCC_THREADS, jobs)
+    return jobs, threads
+
+
+def default_tag(receipt: Receipt, cuda_version: str = RECIPE_CUDA_VERSION) -> str:
+    cu = "".join(cuda_version.split(".")[:2])
+    return f"vllm-{receipt.engine.commit}-cu{cu}"
+
+
+def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
+    """The Dockerfile's build arguments, all from the receipt and the build node size."""
+    e = receipt.engine
+    jobs, threads = build_parallelism(cfg.engine.build_cpu, cfg.engine.build_memory_gi,
+                                      cfg.engine.nvcc_threads, cfg.engine.max_jobs)
+    return {
+        "ENGINE_REPO": e.repo,
+        "ENGINE_COMMIT": e.commit,
+        "ENGINE_PR": str(e.pull_request),
+        "ENGINE_VERSION": e.version,
+        "ENGINE_EXCLUDE": ",".join(e.build_exclusions),
+        "ENGINE_CUDA_ARCH": e.cuda_arch,
+        "TORCH_CUDA_ARCH_LIST": arch_list(RECIPE_CUDA_VERSION, e.cuda_arch),
+        "MAX_JOBS": str(jobs),
+        "NVCC_THREADS": str(threads),
+        "USE_SCCACHE": "1" if cfg.engine.sccache_secret else "0",
+    }
+
+
+def upstream_version(cfg: StackConfig) -> str:
+    v = cfg.engine.upstream_version
+    accepted = (f"a released vLLM version >= {UPSTREAM_MIN_VERSION} (the version of "
+                f"k3:engineImage; earlier releases do not run Kimi K3)")
+    if v is None:
+        raise ConfigError("k3:engine.upstreamVersion", None, f"is required with k3:profile = "
+                          f"upstream: {accepted}")
+    try:
+        parsed = Version(v)
+    except InvalidVersion:
+        raise ConfigError("k3:engine.upstreamVersion", v, accepted) from None
+    if parsed.is_prerelease or parsed.is_devrelease or parsed < Version(UPSTREAM_MIN_VERSION):
+        raise ConfigError("k3:engine.upstreamVersion", v, accepted)
+    return v
+
+
+def _check(cfg: StackConfig) -> None:
+    """Engine keys that only make sense together; refused before anything is created."""
+    eng = cfg.engine
+    if eng.build != "prebuilt" and cfg.engine_image is not None:
+        raise ConfigError("k3:engineImage", cfg.engine_image,
+                          f"is only used with k3:engine.build = prebuilt; with {eng.build} the "
+                          "image is the build's output (remove one of the two)")
+    if eng.build != "prebuilt" and eng.registry is None:
+        raise ConfigError("k3:engine.registry", None,
+                          f"is required with k3:engine.build = {eng.build}: the repository the "
+                          "build pushes to, such as registry.example.com/k3/vllm")
+    if eng.build == "in-cluster" and eng.registry_secret is None:
+        raise ConfigError("k3:engine.registrySecret", None,
+                          "is required with k3:engine.build = in-cluster: an existing "
+                          "kubernetes.io/dockerconfigjson Secret that may push to k3:engine.registry")
+    if eng.build == "in-cluster" and eng.context == "git":
+        if eng.git_url is None:
+            raise ConfigError("k3:engine.gitUrl", None, "is required with k3:engine.context = git")
+        if eng.git_revision is None:
+            raise ConfigError("k3:engine.gitRevision", None,
+                              "is required with k3:engine.context = git: a 40-hex commit")
+    if eng.build == "local" and eng.sccache_secret is not None:
+        raise ConfigError("k3:engine.sccacheSecret", eng.sccache_secret,
+                          "is an in-cluster Secret: local builds use the operator's own "
+                          "Docker builder cache")
+    if eng.upstream_version is not None and cfg.profile != "upstream":
+        raise ConfigError("k3:engine.upstreamVersion", eng.upstream_version,
+                          "is only accepted with k3:profile = upstream")
+    if eng.wheel_sha256 is not None and eng.build != "prebuilt":
+        raise ConfigError("k3:engine.wheelSha256", eng.wheel_sha256,
+                          "is only accepted with k3:engine.build = prebuilt: builds record "
+                          "the wheel hash themselves")
+
+
+def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
+    """The stack's engine: mode, profile, label, and the build arguments when it builds."""
+    _check(cfg)
+    eng = cfg.engine
+    e = receipt.engine
+    if cfg.profile == "upstream":
+        version = upstream_version(cfg)
+        return EnginePlan(
+            mode="prebuilt", profile="upstream", measured=False,
+            label=f"upstream: vLLM {version} release, {NOT_MEASURED} "
+                  f"(receipt {receipt.id} ran {e.version})",
+            engine_version=version, engine_commit=None, image=cfg.engine_image)
+
+    measured = cfg.profile == "measured"
+    engine = f"vLLM {e.version} @ {e.commit} (PR {e.pull_request}, " \
+             f"without {', '.join(e.build_exclusions)})"
+    how = {"prebuilt": "prebuilt image, audit its labels",
+           "in-cluster": "built in-cluster by BuildKit",
+           "local": "built on the operator's machine"}[eng.build]
+    label = (f"measured: {engine}, {how}" if measured else
+             f"custom: {engine} with engine-path changes, not the measured configuration; {how}")
+    if eng.build == "prebuilt":
+        return EnginePlan(mode="prebuilt", profile=cfg.profile, measured=measured, label=label,
+                          engine_version=e.version, engine_commit=e.commit,
+                          image=cfg.engine_image, wheel_sha256=eng.wheel_sha256)
+    return EnginePlan(mode=eng.build, profile=cfg.profile, measured=measured, label=label,
+                      engine_version=e.version, engine_commit=e.commit,
+                      repository=eng.registry, tag=eng.tag or default_tag(receipt),
+                      build_args=build_args(receipt, cfg))
