@@ -111,10 +111,90 @@ class WeightsConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """How the engine image is obtained (k3:engine)."""
+    """How the engine image is obtained (k3:engine). docs/engine.md explains each key."""
 
     build: Literal["prebuilt", "in-cluster", "local"] = "prebuilt"
+    # Repository the build pushes to, without tag or digest: registry.example.com/k3/vllm.
     registry: Optional[str] = None
+    # Tag pushed next to the digest; default: derived from the receipt's engine commit.
+    tag: Optional[str] = None
+    # in-cluster: an existing kubernetes.io/dockerconfigjson Secret with push rights.
+    registry_secret: Optional[str] = Field(default=None, alias="registrySecret")
+    # in-cluster: where BuildKit reads images/ from. `configmap` uploads this checkout's
+    # images/ (a few small files); `git` builds gitUrl at a pinned 40-hex gitRevision.
+    context: Literal["configmap", "git"] = "configmap"
+    git_url: Optional[str] = Field(default=None, alias="gitUrl")
+    git_revision: Optional[str] = Field(default=None, alias="gitRevision")
+    # The CPU build node. nvcc jobs need several GiB each: MAX_JOBS/NVCC_THREADS are
+    # derived from these two unless set (k3infra.engine.plan.build_parallelism).
+    build_cpu: int = Field(default=32, ge=4, alias="buildCpu")
+    build_memory_gi: int = Field(default=128, ge=16, alias="buildMemoryGi")
+    build_disk_gi: int = Field(default=200, ge=50, alias="buildDiskGi")
+    max_jobs: Optional[int] = Field(default=None, ge=1, alias="maxJobs")
+    nvcc_threads: Optional[int] = Field(default=None, ge=1, le=8, alias="nvccThreads")
+    build_node_selector: dict[str, str] = Field(default_factory=dict, alias="buildNodeSelector")
+    build_timeout_minutes: int = Field(default=600, ge=30, alias="buildTimeoutMinutes")
+    # Optional sccache: a Secret whose `env` key holds SCCACHE_* settings (bucket, keys).
+    sccache_secret: Optional[str] = Field(default=None, alias="sccacheSecret")
+    # Exact tags (see docs/engine.md for pinning them by digest).
+    buildkit_image: str = Field(default="moby/buildkit:v0.23.2-rootless", alias="buildkitImage")
+    reporter_image: str = Field(default="python:3.12.11-slim-bookworm", alias="reporterImage")
+    # profile upstream: the released vLLM version of k3:engineImage (>= 0.33.0).
+    upstream_version: Optional[str] = Field(default=None, alias="upstreamVersion")
+    # prebuilt: the image's dev.k3infra.engine.wheel-sha256 label, carried to the outputs.
+    wheel_sha256: Optional[str] = Field(default=None, alias="wheelSha256")
+
+    @field_validator("registry")
+    @classmethod
+    def _repository(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9._-]+)+$", v):
+            raise ValueError("must be a repository without tag or digest, such as "
+                             "registry.example.com/k3/vllm")
+        return v
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", v):
+            raise ValueError("must be a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+        return v
+
+    @field_validator("registry_secret", "sccache_secret")
+    @classmethod
+    def _secret_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
+            raise ValueError("must be the name of a Secret in the stack's namespace")
+        return v
+
+    @field_validator("git_revision")
+    @classmethod
+    def _git_revision(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not COMMIT_RE.match(v):
+            raise ValueError("must be a 40-hex commit (lowercase): a build context is pinned")
+        return v
+
+    @field_validator("git_url")
+    @classmethod
+    def _git_url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^(https://|ssh://|git@)\S+$", v):
+            raise ValueError("must be an https://, ssh:// or git@ Git URL")
+        return v
+
+    @field_validator("wheel_sha256")
+    @classmethod
+    def _sha256(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
+            raise ValueError("must be 64 lowercase hex characters (the wheel's SHA-256)")
+        return v
+
+    @field_validator("buildkit_image", "reporter_image")
+    @classmethod
+    def _pinned_image(cls, v: str) -> str:
+        # A tag with a version number in it; `latest`, `master-rootless` and bare names move.
+        if not (DIGEST_IMAGE_RE.match(v)
+                or re.match(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?:[A-Za-z0-9_.-]*[0-9][A-Za-z0-9_.-]*$", v)):
+            raise ValueError("must be pinned: an exact version tag or <repository>@sha256:<64 hex>")
+        return v
 
 
 # --- k3:nodePool: one section per provider ---------------------------------------------
