@@ -114,6 +114,18 @@ class K3ServingStack(pulumi.ComponentResource):
             f"{name}-serving", receipt, cfg, image, self.weights.parts, names, instance,
             depends_on=[self.weights.job, *secrets, self.pool], opts=in_ns)
 
+        # k3:benchmark.enabled: re-measure the receipt once serving is ready.
+        self.benchmark = None
+        if cfg.benchmark.enabled:
+            from k3infra.bench.component import Benchmark
+
+            self.benchmark = Benchmark(
+                f"{name}-benchmark", receipt, cfg, image, self.weights.parts, base=BASE,
+                namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
+                base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
+                api_key_secret_key=m.API_KEY_SECRET_KEY,
+                depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
+
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
         self.receipt_id = pulumi.Output.from_input(receipt.id)

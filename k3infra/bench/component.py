@@ -1,0 +1,60 @@
+"""`Benchmark`: the optional benchmark Job (k3:benchmark.enabled), its runtime ConfigMap
+and the results PVC. Thin: registers what k3infra.bench.manifests returns.
+
+Ordering: the Job depends on the serving StatefulSet, and pulumi-kubernetes only
+finishes a StatefulSet once it is ready (ready replicas = replicas, current revision =
+update revision), so the Job is created against a serving endpoint that has loaded the
+weights. `pulumi up` then waits for the Job to complete (its deadline + a margin); a
+failed benchmark fails the update, with the raw files kept on the PVC.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import pulumi
+
+from k3infra.bench import manifests as b
+from k3infra.config import StackConfig
+from k3infra.kube import apply_manifest
+from k3infra.receipt import Receipt
+from k3infra.weights.manifests import WeightsParts
+
+# Scheduling and image start on top of the Job's own deadline.
+WAIT_MARGIN_SECONDS = 600
+
+
+class Benchmark(pulumi.ComponentResource):
+    """`vllm bench serve` over Workload A, every raw result kept on a PVC."""
+
+    job: pulumi.CustomResource
+    results_claim: pulumi.Output[str]
+    job_name: pulumi.Output[str]
+
+    def __init__(self, name: str, receipt: Receipt, cfg: StackConfig, image: Any,
+                 weights: WeightsParts, *, base: str, namespace: str, labels: dict,
+                 base_url: str, api_key_secret: str, api_key_secret_key: str,
+                 depends_on: Sequence[pulumi.Resource] = (),
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("k3infra:index:Benchmark", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        names = b.BenchmarkNames(base)
+        runtime = apply_manifest(f"{name}-runtime",
+                                 b.runtime_configmap(names, namespace, labels), child)
+        # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
+        claim = apply_manifest(f"{name}-results", b.results_pvc(names, namespace, labels, cfg),
+                               pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                                   retain_on_delete=True)))
+        wait = f"{(b.job_timeout_seconds(cfg) + WAIT_MARGIN_SECONDS) // 60}m"
+        self.job = apply_manifest(
+            f"{name}-job",
+            b.benchmark_job(receipt, cfg, names=names, namespace=namespace, labels=labels,
+                            image=image, base_url=base_url, api_key_secret=api_key_secret,
+                            api_key_secret_key=api_key_secret_key, weights=weights),
+            pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                depends_on=[*depends_on, runtime, claim],
+                # A fixed name cannot be created before the old Job is gone.
+                delete_before_replace=True,
+                custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait))))
+        self.results_claim = pulumi.Output.from_input(names.pvc)
+        self.job_name = pulumi.Output.from_input(names.job)
+        self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})

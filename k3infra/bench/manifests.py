@@ -1,0 +1,220 @@
+"""Pure builders of the benchmark's Kubernetes objects: the runtime ConfigMap, the results
+PVC, the benchmark Job, and the short-lived reader pod `k3infra bench fetch` uses.
+
+Where the results live, and how they come back (the robust choice, see
+docs/benchmark.md): every raw file goes to a ReadWriteOnce PVC that outlives the Job
+(and, with retainOnDelete, the stack). After the Job ends, `k3infra bench fetch` starts
+a reader pod that mounts the PVC read-only, streams the latest run as base64 tar over
+the exec API, and checks every file against the run's SHA256SUMS. No size limit (a
+ConfigMap stops at 1 MiB; per-request arrays of a wide sweep pass that), no extra RBAC
+for the Job, and nothing depends on pod logs surviving.
+
+The Job and the reader run on the serving GPU nodes without requesting a GPU: the
+engine image is already there (no multi-GB pull), and so is the tokenizer in the weights
+directory (node-local weights exist only on those nodes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from k3infra import placement
+from k3infra.config import StackConfig
+from k3infra.receipt import Receipt
+from k3infra.weights.manifests import WeightsParts
+
+RUNTIME_DIR = "/etc/k3/bench"
+RESULTS_DIR = "/results"
+POD_FILES = ("workload.py", "pod_runner.py")
+COMPONENT = "benchmark"
+RESULTS_COMPONENT = "benchmark-results"
+READER_COMPONENT = "benchmark-reader"
+# /health is already 200 when the Job starts (it runs after the StatefulSet is ready);
+# the wait covers a serving pod restarting in between.
+HEALTH_WAIT_SECONDS = 1800
+JOB_RESOURCES = {"requests": {"cpu": "4", "memory": "16Gi"},
+                 "limits": {"cpu": "8", "memory": "32Gi"}}
+READER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"},
+                    "limits": {"cpu": "2", "memory": "4Gi"}}
+READER_LIFETIME_SECONDS = 900
+
+
+@dataclass(frozen=True)
+class BenchmarkNames:
+    base: str
+
+    @property
+    def configmap(self) -> str:
+        return f"{self.base}-bench-runtime"
+
+    @property
+    def pvc(self) -> str:
+        return f"{self.base}-bench-results"
+
+    @property
+    def job(self) -> str:
+        return f"{self.base}-bench"
+
+
+def grid(receipt: Receipt, cfg: StackConfig) -> dict[str, int]:
+    w = receipt.workload_a
+    return {"warmups": w.warmup_requests,
+            "measured": cfg.benchmark.measured_requests or w.measured_requests}
+
+
+def block_size(receipt: Receipt) -> int:
+    """The KV block size the prefix cache hashes (the receipt's --block-size)."""
+    arg = next((a for a in receipt.serve.engine_args if a.flag == "--block-size"), None)
+    if arg is None or arg.value is None:
+        raise ValueError("the receipt's serve args carry no --block-size")
+    return int(arg.value)
+
+
+def runtime_configmap(names: BenchmarkNames, namespace: str, labels: dict) -> dict:
+    pkg = resources.files("k3infra.bench")
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": names.configmap, "namespace": namespace, "labels": labels},
+            "data": {f: pkg.joinpath(f).read_text() for f in POD_FILES}}
+
+
+def results_pvc(names: BenchmarkNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {
+        "requests": {"storage": f"{cfg.benchmark.results_size_gi}Gi"}}}
+    if cfg.benchmark.results_storage_class:
+        spec["storageClassName"] = cfg.benchmark.results_storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": names.pvc, "namespace": namespace,
+                         "labels": {**labels, "app.kubernetes.io/component": RESULTS_COMPONENT}},
+            "spec": spec}
+
+
+def runner_args(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: str) -> list[str]:
+    w = receipt.workload_a
+    g = grid(receipt, cfg)
+    args = ["--base-url", base_url, "--served-model-name", cfg.served_model_name,
+            "--model-dir", model_dir, "--results", RESULTS_DIR, "--receipt", receipt.id,
+            "--concurrencies", ",".join(str(c) for c in cfg.benchmark.concurrencies),
+            "--runs", str(cfg.benchmark.runs), "--warmups", str(g["warmups"]),
+            "--measured", str(g["measured"]),
+            "--min-tokens", str(w.prompt_tokens_min), "--max-tokens", str(w.prompt_tokens_max),
+            "--output-tokens", str(w.output_tokens_max), "--block-size", str(block_size(receipt)),
+            "--seed", str(cfg.benchmark.seed), "--health-timeout", str(HEALTH_WAIT_SECONDS)]
+    if cfg.benchmark.ignore_eos:
+        args.append("--ignore-eos")
+    return args
+
+
+def job_timeout_seconds(cfg: StackConfig) -> int:
+    return cfg.benchmark.timeout_minutes * 60
+
+
+def _security_context() -> dict:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _pod_security_context() -> dict:
+    return {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _gpu_node_placement(cfg: StackConfig) -> dict:
+    return {"affinity": {"nodeAffinity": placement.node_affinity(
+                [cfg.gpu_product], cfg.node_pool.provider != "existing")},
+            "tolerations": placement.tolerations()}
+
+
+def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
+                  namespace: str, labels: dict, image: Any, base_url: str,
+                  api_key_secret: str, api_key_secret_key: str, weights: WeightsParts) -> dict:
+    """The Job: `vllm bench serve` over Workload A for every configured concurrency."""
+    weight_mounts = [dict(m, readOnly=True) for m in weights.main_mounts]
+    mounted = {m["name"] for m in weight_mounts}
+    weight_volumes = [v for v in weights.volumes if v["name"] in mounted]
+    env = [{"name": "OPENAI_API_KEY",     # vllm bench serve sends it as a Bearer token
+            "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
+           {"name": "K3_ENGINE_IMAGE", "value": image},
+           {"name": "HF_HUB_OFFLINE", "value": "1"},        # tokenizer from the weights dir
+           {"name": "HOME", "value": "/tmp"},
+           {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    container = {
+        "name": "bench", "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", f"{RUNTIME_DIR}/pod_runner.py",
+                    *runner_args(receipt, cfg, base_url, weights.model_dir)],
+        "env": env, "resources": JOB_RESOURCES, "securityContext": _security_context(),
+        "volumeMounts": [*weight_mounts,
+                         {"name": "bench-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
+                         {"name": "results", "mountPath": RESULTS_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"}]}
+    pod_labels = {**labels, "app.kubernetes.io/component": COMPONENT}
+    spec = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security_context(),
+        **_gpu_node_placement(cfg),
+        "containers": [container],
+        "volumes": [*weight_volumes,
+                    {"name": "bench-runtime", "configMap": {
+                        "name": names.configmap, "defaultMode": 0o444,
+                        "items": [{"key": f, "path": f} for f in POD_FILES]}},
+                    {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}],
+    }
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": names.job, "namespace": namespace, "labels": pod_labels,
+                         "annotations": {"k3infra.dev/receipt": receipt.id,
+                                         "k3infra.dev/results-claim": names.pvc}},
+            # One attempt: a retried benchmark would mix two runs' evidence.
+            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": job_timeout_seconds(cfg),
+                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+
+
+# --- reading the results back (k3infra bench fetch / verify) ---------------------------
+
+# Runs in the reader pod: the latest complete run (or the named one) as a base64 tar.
+_EXPORT = (
+    "import base64,io,os,sys,tarfile\n"
+    "root=sys.argv[1]; run=sys.argv[2] if len(sys.argv)>2 else ''\n"
+    "if not run:\n"
+    "    p=os.path.join(root,'LATEST')\n"
+    "    if not os.path.exists(p): sys.exit('no complete benchmark run in '+root)\n"
+    "    run=open(p).read().strip()\n"
+    "d=os.path.join(root,run)\n"
+    "if not os.path.isdir(d): sys.exit('no run '+run+' in '+root)\n"
+    "b=io.BytesIO()\n"
+    "with tarfile.open(fileobj=b,mode='w:gz') as t: t.add(d,arcname=run)\n"
+    "sys.stdout.write(base64.b64encode(b.getvalue()).decode())\n"
+)
+
+
+def export_command(run_id: str = "") -> list[str]:
+    return ["python3", "-c", _EXPORT, RESULTS_DIR, *([run_id] if run_id else [])]
+
+
+def reader_pod(name: str, namespace: str, claim: str, image: str, job_pod_spec: dict) -> dict:
+    """A pod that only mounts the results PVC read-only and waits to be exec'd into;
+    placed like the benchmark Job (same node pool, image already cached)."""
+    spec = {
+        "restartPolicy": "Never", "automountServiceAccountToken": False,
+        "enableServiceLinks": False, "activeDeadlineSeconds": READER_LIFETIME_SECONDS,
+        "securityContext": _pod_security_context(),
+        "containers": [{
+            "name": "reader", "image": image, "imagePullPolicy": "IfNotPresent",
+            "command": ["python3", "-c", f"import time; time.sleep({READER_LIFETIME_SECONDS})"],
+            "resources": READER_RESOURCES, "securityContext": _security_context(),
+            "volumeMounts": [{"name": "results", "mountPath": RESULTS_DIR, "readOnly": True}]}],
+        "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": claim,
+                                                                  "readOnly": True}}],
+    }
+    for key in ("affinity", "tolerations", "nodeSelector"):
+        if job_pod_spec.get(key):
+            spec[key] = job_pod_spec[key]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {
+                "app.kubernetes.io/part-of": "k3infra",
+                "app.kubernetes.io/component": READER_COMPONENT}},
+            "spec": spec}
