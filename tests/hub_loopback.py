@@ -1,0 +1,324 @@
+"""A loopback stand-in for the Hugging Face Hub: the endpoints huggingface_hub 2.4.0
+calls for `model_info`, `list_repo_tree`, `get_hf_file_metadata` (HEAD /resolve) and
+`http_get` / `hf_hub_download` (GET /resolve, then the CDN), for one generated repo.
+
+Read from the installed client (huggingface_hub/file_download.py, hf_api.py,
+utils/_http.py):
+- HEAD /{repo}/resolve/{rev}/{path}: metadata from X-Repo-Commit, X-Linked-Etag or ETag,
+  X-Linked-Size or Content-Length; redirects are followed only on the same origin, so an
+  LFS file answers 302 to the "CDN" on another loopback address (127.0.0.2), as the Hub
+  answers with a signed CDN URL, and the metadata rides on the 302 itself;
+- GET on the CDN honours `Range: bytes=N-` with 206 + Content-Range (resume);
+- GET /api/models/{repo}/revision/{rev} (model_info: id, sha, siblings);
+- GET /api/models/{repo}/tree/{rev}?recursive=... (list_repo_tree: type, oid, size, path,
+  lfs {oid, size, pointerSize}); one page, no Link header;
+- errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound).
+No X-Xet-* header and no xetHash are ever sent, so the client stays on plain HTTP.
+
+Faults, for the tests: drop the connection once after N bytes of a file, stall a file
+after N bytes until released (to kill the client mid-file), serve a corrupt byte
+(once or always).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+CDN_HOST = "127.0.0.2"
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def make_repo(shards: int = 4, shard_size: int = 256 * 1024, seed: int = 3) -> dict[str, bytes]:
+    """A small model repo: random safetensors shards (LFS) plus small text files,
+    one of them in a subdirectory."""
+    import random
+
+    rng = random.Random(seed)
+    files: dict[str, bytes] = {}
+    names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    for i, name in enumerate(names):
+        files[name] = rng.randbytes(shard_size + 4096 * i)
+    files["model.safetensors.index.json"] = json.dumps(
+        {"weight_map": {f"w{i}": n for i, n in enumerate(names)}}, indent=1).encode()
+    files["config.json"] = b'{"architectures": ["KimiK3ForCausalLM"]}\n'
+    files["README.md"] = b"# generated test repo\n"
+    files[".gitattributes"] = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    files["original/params.json"] = b'{"dim": 8}\n'
+    return files
+
+
+@dataclass
+class Hit:
+    role: str            # "hub" or "cdn"
+    method: str
+    path: str            # repo path of the file, or the API path
+    range: Optional[str]
+    auth: bool
+    sent: int = 0
+
+
+@dataclass
+class Faults:
+    drop_once: dict = field(default_factory=dict)       # path -> bytes sent before dropping
+    stall: dict = field(default_factory=dict)           # path -> bytes sent before stalling
+    corrupt_once: set = field(default_factory=set)
+    corrupt_always: set = field(default_factory=set)
+    released: threading.Event = field(default_factory=threading.Event)
+
+
+class LoopbackHub:
+    def __init__(self, repo: str, files: dict[str, bytes], commit: Optional[str] = None):
+        self.repo = repo
+        self.files = dict(files)
+        self.commit = commit or hashlib.sha1(repr(sorted(files)).encode()).hexdigest()
+        self.faults = Faults()
+        self.hits: list[Hit] = []
+        self._lock = threading.Lock()
+        self._servers: list[ThreadingHTTPServer] = []
+        self.stalled = threading.Event()       # set once a stalled file has sent its bytes
+
+    # ---- what the tests read ----
+    @property
+    def endpoint(self) -> str:
+        host, port = self._servers[0].server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def cdn(self) -> str:
+        host, port = self._servers[1].server_address[:2]
+        return f"http://{host}:{port}"
+
+    def lfs(self, path: str) -> bool:
+        return path.endswith(".safetensors")
+
+    def gets(self, path: str) -> list[Hit]:
+        """GETs that carried the bytes of `path` (CDN for LFS, the Hub otherwise)."""
+        with self._lock:
+            return [h for h in self.hits if h.method == "GET" and h.path == path
+                    and (h.role == "cdn" or not self.lfs(path))]
+
+    def bytes_sent(self, path: str) -> int:
+        return sum(h.sent for h in self.gets(path))
+
+    def clear_hits(self) -> None:
+        with self._lock:
+            self.hits.clear()
+
+    # ---- lifecycle ----
+    def start(self) -> "LoopbackHub":
+        for host, role in (("127.0.0.1", "hub"), (CDN_HOST, "cdn")):
+            handler = type(f"{role}Handler", (_Handler,), {"hub": self, "role": role})
+            server = ThreadingHTTPServer((host, 0), handler)
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            self._servers.append(server)
+        return self
+
+    def stop(self) -> None:
+        self.faults.released.set()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+
+    def __enter__(self) -> "LoopbackHub":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- what the handler needs ----
+    def record(self, hit: Hit) -> Hit:
+        with self._lock:
+            self.hits.append(hit)
+        return hit
+
+    def content(self, path: str) -> bytes:
+        data = self.files[path]
+        with self._lock:
+            corrupt = path in self.faults.corrupt_always or path in self.faults.corrupt_once
+            self.faults.corrupt_once.discard(path)
+        if corrupt:
+            flipped = bytearray(data)
+            flipped[len(flipped) // 2] ^= 0xFF
+            return bytes(flipped)
+        return data
+
+    def tree_entries(self) -> list[dict]:
+        dirs = sorted({"/".join(p.split("/")[:i]) for p in self.files for i in range(1, p.count("/") + 1)})
+        out = [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
+               for d in dirs]
+        for path in sorted(self.files):
+            data = self.files[path]
+            entry = {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
+            if self.lfs(path):
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                "pointerSize": 134}
+            out.append(entry)
+        return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    hub: LoopbackHub
+    role: str
+
+    def log_message(self, *args) -> None:  # quiet test output
+        pass
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    # ---- routing ----
+    def _route(self, head: bool) -> None:
+        url = urlsplit(self.path)
+        path = unquote(url.path)
+        hub = self.hub
+        if self.role == "cdn":
+            m = re.fullmatch(r"/cdn/([0-9a-f]{64})", path)
+            name = parse_qs(url.query).get("name", [""])[0]
+            if not m or name not in hub.files:
+                return self._error(404, "EntryNotFound")
+            hit = hub.record(Hit("cdn", self.command, name, self.headers.get("Range"),
+                                 "authorization" in {k.lower() for k in self.headers}))
+            return self._body(name, hit, head, {"ETag": f'"{m.group(1)}"'})
+        auth = "authorization" in {k.lower() for k in self.headers}
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path)
+        if m:
+            hub.record(Hit("hub", self.command, path, None, auth))
+            if not self._repo_rev(m.group(1), m.group(2)):
+                return
+            return self._json({"id": hub.repo, "sha": hub.commit, "private": False,
+                               "siblings": [{"rfilename": p} for p in sorted(hub.files)]}, head)
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path)
+        if m:
+            hub.record(Hit("hub", self.command, path, None, auth))
+            if not self._repo_rev(m.group(1), m.group(2)):
+                return
+            return self._json(hub.tree_entries(), head)
+        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+        if m:
+            repo, rev, name = m.groups()
+            hit = hub.record(Hit("hub", self.command, name, self.headers.get("Range"), auth))
+            if not self._repo_rev(repo, rev):
+                return
+            if name not in hub.files:
+                return self._error(404, "EntryNotFound", {"X-Repo-Commit": hub.commit})
+            data = hub.files[name]
+            if hub.lfs(name):
+                sha = hashlib.sha256(data).hexdigest()
+                location = f"{hub.cdn}/cdn/{sha}?name={quote(name)}"
+                self.send_response(302)
+                for k, v in {"Location": location, "X-Repo-Commit": hub.commit,
+                             "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data)),
+                             "ETag": f'"{git_blob_id(data)}"', "Content-Length": "0"}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                return
+            return self._body(name, hit, head, {"X-Repo-Commit": hub.commit,
+                                                "ETag": f'"{git_blob_id(data)}"'})
+        return self._error(404, "RepoNotFound")
+
+    def _repo_rev(self, repo: str, rev: str) -> bool:
+        if repo != self.hub.repo:
+            self._error(401, "RepoNotFound")
+            return False
+        if unquote(rev) not in (self.hub.commit, "main"):
+            self._error(404, "RevisionNotFound")
+            return False
+        return True
+
+    # ---- responses ----
+    def _error(self, status: int, code: str, extra: Optional[dict] = None) -> None:
+        body = json.dumps({"error": code}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, obj, head: bool) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _body(self, name: str, hit: Hit, head: bool, headers: dict) -> None:
+        hub = self.hub
+        data = hub.files[name] if head else hub.content(name)
+        start = 0
+        rng = self.headers.get("Range")
+        if rng:
+            m = re.fullmatch(r"bytes=(\d+)-", rng.strip())
+            if not m or int(m.group(1)) >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            start = int(m.group(1))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        if head:
+            return
+        body = memoryview(data)[start:]
+        faults = hub.faults
+        with hub._lock:
+            drop = faults.drop_once.pop(name, None)
+            stall = faults.stall.get(name)
+        cut = drop if drop is not None else stall
+        if cut is not None and cut < len(body):
+            self.wfile.write(body[:cut])
+            self.wfile.flush()
+            hit.sent += cut
+            if stall is not None and drop is None:
+                hub.stalled.set()
+                faults.released.wait(timeout=60)
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        try:
+            self.wfile.write(body)
+            hit.sent += len(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def environment(hub: LoopbackHub, home: str, token: Optional[str] = None) -> dict:
+    """Environment for a client process pointed at the loopback Hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update({"HF_ENDPOINT": hub.endpoint, "HF_HOME": home,
+                "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,127.0.0.2",
+                "no_proxy": "127.0.0.1,127.0.0.2"})
+    if token:
+        env["HF_TOKEN"] = token
+    return env

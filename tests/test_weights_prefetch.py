@@ -1,0 +1,302 @@
+"""Prefetch through the real huggingface_hub client against a loopback Hub
+(tests/hub_loopback.py): clean, resumed, corrupt, truncated, missing, extra, symlink,
+out of space, wrong lock; the marker only ever names a tree that matches."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hub_loopback import LoopbackHub, environment, make_repo
+
+from k3infra.weights import RUNTIME_FILES, prefetch, tree, verify
+from k3infra.weights.tree import FileEntry
+
+REPO = "moonshotai/loopback-k3"
+BIG = "model-00002-of-00004.safetensors"
+CHUNK = 10 * 1024 * 1024   # huggingface_hub writes downloads in 10 MiB chunks
+
+
+def lock_of(files: dict, revision: str) -> tree.Lock:
+    """The lock computed straight from the repo's bytes (independent of lock_from_hub)."""
+    return tree.make_lock(REPO, revision, [FileEntry(p, len(d), hashlib.sha256(d).hexdigest())
+                                           for p, d in files.items()])
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    with LoopbackHub(REPO, make_repo()) as h:
+        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv(prefetch.FREE_BYTES_ENV, raising=False)
+        yield h
+
+
+@pytest.fixture
+def big_hub(tmp_path, monkeypatch):
+    """A repo with one shard larger than huggingface_hub's 10 MiB write chunk, so a
+    partial download holds whole chunks to resume from."""
+    files = make_repo()
+    files[BIG] = os.urandom(2 * CHUNK + 12345)
+    with LoopbackHub(REPO, files) as h:
+        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        yield h
+
+
+def run(hub, dest, **kw):
+    lines: list[str] = []
+    lock = kw.pop("lock", None) or lock_of(hub.files, hub.commit)
+    report = prefetch.prefetch(lock, "0" * 64, str(dest), emit=lines.append, interval=0.2, **kw)
+    report.lines = lines
+    return report
+
+
+def fetched(hub) -> dict:
+    """path -> number of GETs that carried its bytes."""
+    return {p: len(hub.gets(p)) for p in hub.files if hub.gets(p)}
+
+
+def assert_verified(hub, dest):
+    lock = lock_of(hub.files, hub.commit)
+    assert verify.verify_tree(str(dest), lock, full=True).ok
+    assert verify.marker_problem(str(dest), lock) is None
+
+
+def test_clean_prefetch_writes_the_tree_and_the_marker(hub, tmp_path):
+    dest = tmp_path / "dest"
+    report = run(hub, dest)
+    assert report.ok, report.problems
+    assert_verified(hub, dest)
+    assert fetched(hub) == {p: 1 for p in hub.files}
+    assert not (dest / ".cache").exists()                      # scratch removed
+    marker = verify.read_marker(str(dest))
+    assert marker["revision"] == hub.commit and marker["files"] == len(hub.files)
+    assert marker["bytes"] == sum(len(d) for d in hub.files.values())
+
+
+def test_token_reaches_the_hub_but_not_the_cdn(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_loopback_token")
+    assert run(hub, tmp_path / "dest").ok
+    assert all(h.auth for h in hub.hits if h.role == "hub")
+    cdn = [h for h in hub.hits if h.role == "cdn"]
+    assert cdn and not any(h.auth for h in cdn)
+
+
+def test_verified_tree_is_not_fetched_again(hub, tmp_path):
+    dest = tmp_path / "dest"
+    assert run(hub, dest).ok
+    hub.clear_hits()
+    again = run(hub, dest)
+    assert again.ok and again.downloaded_files == 0
+    assert hub.hits == []                                      # not even a HEAD
+
+
+def test_dropped_connection_resumes_with_a_range_request(big_hub, tmp_path):
+    big_hub.faults.drop_once[BIG] = CHUNK + 5000
+    report = run(big_hub, tmp_path / "dest")
+    assert report.ok, report.problems
+    first, second = big_hub.gets(BIG)
+    assert first.range is None and second.range == f"bytes={CHUNK}-"
+    assert second.sent == len(big_hub.files[BIG]) - CHUNK
+    assert_verified(big_hub, tmp_path / "dest")
+
+
+def runtime_package(tmp_path: Path) -> Path:
+    """The runtime files as the pods get them: a top-level package `k3weights`."""
+    pkg = tmp_path / "runtime" / "k3weights"
+    pkg.mkdir(parents=True)
+    src = Path(tree.__file__).parent
+    for name in RUNTIME_FILES:
+        shutil.copy(src / name, pkg / name)
+    return pkg.parent
+
+
+def test_killed_prefetch_resumes_in_a_new_process(big_hub, tmp_path):
+    dest = tmp_path / "dest"
+    lock_file = tmp_path / "lock.json"
+    lock_file.write_text(tree.lock_to_json(lock_of(big_hub.files, big_hub.commit)))
+    env = environment(big_hub, str(tmp_path / "hf-home"))
+    env["PYTHONPATH"] = str(runtime_package(tmp_path))
+    cmd = [sys.executable, "-m", "k3weights", "prefetch", "--lock", str(lock_file), "--dest", str(dest)]
+    big_hub.faults.stall[BIG] = CHUNK + 5000
+    first = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    partial = Path(prefetch.partial_path(str(dest), lock_of(big_hub.files, big_hub.commit).by_path[BIG]))
+    deadline = time.monotonic() + 60
+    others = [p for p in big_hub.files if p != BIG]
+    while time.monotonic() < deadline:
+        done = all((dest / p).exists() for p in others)
+        if done and partial.exists() and partial.stat().st_size >= CHUNK:
+            break
+        time.sleep(0.05)
+    else:
+        first.kill()
+        pytest.fail(f"the first prefetch never got half-way: {first.communicate()}")
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    assert not (dest / tree.MARKER_NAME).exists()
+    big_hub.faults.stall.clear()
+    big_hub.faults.released.set()
+    gets_before = fetched(big_hub)
+    second = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    gets_after = fetched(big_hub)
+    # Completed files were not downloaded again; the interrupted one continued.
+    assert {p: gets_after[p] - gets_before[p] for p in others} == {p: 0 for p in others}
+    resumed = big_hub.gets(BIG)[-1]
+    assert resumed.range == f"bytes={CHUNK}-"
+    assert resumed.sent == len(big_hub.files[BIG]) - CHUNK
+    assert_verified(big_hub, dest)
+
+
+def test_corrupt_byte_from_the_hub_is_deleted_and_fetched_again(hub, tmp_path):
+    shard = "model-00003-of-00004.safetensors"
+    hub.faults.corrupt_once.add(shard)
+    report = run(hub, tmp_path / "dest")
+    assert report.ok, report.problems
+    assert fetched(hub)[shard] == 2
+    assert any(f"{shard}: wrong hash" in line and "fetching it again" in line for line in report.lines)
+    assert_verified(hub, tmp_path / "dest")
+
+
+def test_persistently_corrupt_file_fails_without_a_marker(hub, tmp_path):
+    shard = "model-00001-of-00004.safetensors"
+    hub.faults.corrupt_always.add(shard)
+    dest = tmp_path / "dest"
+    report = run(hub, dest)
+    assert not report.ok
+    assert [p.path for p in report.problems] == [shard]
+    assert "wrong hash" in report.problems[0].message and "3 download(s)" in report.problems[0].message
+    assert fetched(hub)[shard] == 3
+    assert not (dest / shard).exists()
+    assert not (dest / tree.MARKER_NAME).exists()
+    hub.faults.corrupt_always.clear()                   # the Hub recovers: a rerun completes
+    assert run(hub, dest).ok
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate", "delete"])
+def test_damaged_local_file_is_refetched_alone(hub, tmp_path, damage):
+    dest = tmp_path / "dest"
+    assert run(hub, dest).ok
+    shard = dest / "model-00004-of-00004.safetensors"
+    if damage == "corrupt":
+        data = bytearray(shard.read_bytes())
+        data[7] ^= 0x80
+        shard.write_bytes(bytes(data))
+    elif damage == "truncate":
+        os.truncate(shard, 1000)
+    else:
+        shard.unlink()
+    assert not verify.verify_tree(str(dest), lock_of(hub.files, hub.commit)).ok
+    hub.clear_hits()
+    report = run(hub, dest)
+    assert report.ok, report.problems
+    assert fetched(hub) == {"model-00004-of-00004.safetensors": 1}
+    assert report.reused_files == len(hub.files) - 1
+    assert_verified(hub, dest)
+
+
+def test_extra_file_is_refused_before_anything_is_fetched(hub, tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "model-00099-of-00099.safetensors").write_bytes(b"stale shard")
+    report = run(hub, dest)
+    assert not report.ok
+    assert [p.path for p in report.problems] == ["model-00099-of-00099.safetensors"]
+    assert "extra file" in report.problems[0].message
+    assert hub.hits == [] and sorted(os.listdir(dest)) == ["model-00099-of-00099.safetensors"]
+
+
+def test_symlink_escaping_the_tree_is_refused(hub, tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (dest / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    report = run(hub, dest)
+    assert not report.ok and hub.hits == []
+    assert report.problems[0].path == "config.json"
+    assert "symlink escaping the tree" in report.problems[0].message
+
+
+def test_not_enough_disk_writes_nothing(hub, tmp_path, monkeypatch):
+    total = sum(len(d) for d in hub.files.values())
+    monkeypatch.setenv(prefetch.FREE_BYTES_ENV, str(total - 1))
+    dest = tmp_path / "dest"
+    report = run(hub, dest)
+    assert not report.ok and hub.hits == []
+    assert "not enough free space" in report.problems[0].message
+    assert f"{total} bytes" in report.problems[0].message
+    assert not dest.exists()
+    dest.mkdir()                                       # the Job's `mkdir -p` ran first
+    assert not run(hub, dest).ok and os.listdir(dest) == []
+
+
+def test_free_space_counts_only_what_is_still_to_fetch(hub, tmp_path, monkeypatch):
+    dest = tmp_path / "dest"
+    assert run(hub, dest).ok
+    shard = "model-00002-of-00004.safetensors"
+    (dest / shard).unlink()
+    monkeypatch.setenv(prefetch.FREE_BYTES_ENV, str(len(hub.files[shard])))
+    assert run(hub, dest).ok
+
+
+def test_stale_marker_is_removed_when_the_tree_no_longer_matches(hub, tmp_path):
+    dest = tmp_path / "dest"
+    assert run(hub, dest).ok
+    shard = "model-00001-of-00004.safetensors"
+    (dest / shard).unlink()
+    hub.faults.corrupt_always.add(shard)
+    assert not run(hub, dest).ok
+    assert not (dest / tree.MARKER_NAME).exists()
+
+
+def test_lock_for_a_revision_the_hub_does_not_have_fails_without_retrying(hub, tmp_path):
+    lock = lock_of(hub.files, "e" * 40)
+    report = run(hub, tmp_path / "dest", lock=lock)
+    assert not report.ok and len(report.problems) == len(hub.files)
+    assert all("RevisionNotFoundError" in p.message and "after 1 attempt" in p.message
+               for p in report.problems)
+    assert not (tmp_path / "dest" / tree.MARKER_NAME).exists()
+
+
+def test_lock_that_disagrees_with_the_hub_is_refused(hub, tmp_path):
+    files = dict(hub.files)
+    files["model-00001-of-00004.safetensors"] += b"more"          # the lock of another tree
+    report = run(hub, tmp_path / "dest", lock=lock_of(files, hub.commit))
+    assert [p.path for p in report.problems] == ["model-00001-of-00004.safetensors"]
+    assert "the lock is not for this revision" in report.problems[0].message
+    assert fetched(hub).get("model-00001-of-00004.safetensors") is None
+
+
+def test_without_overlap_the_tree_is_verified_all_the_same(hub, tmp_path):
+    hub.faults.corrupt_once.add("config.json")
+    report = run(hub, tmp_path / "dest", overlap=False)
+    assert report.ok, report.problems
+    assert fetched(hub)["config.json"] == 2
+    assert_verified(hub, tmp_path / "dest")
+
+
+def test_lock_from_hub_fetches_no_shard_and_equals_the_lock_of_the_local_tree(hub, tmp_path):
+    hub_lock = prefetch.lock_from_hub(REPO, hub.commit)
+    assert not any(fetched(hub).get(p) for p in hub.files if p.endswith(".safetensors"))
+    assert hub_lock == lock_of(hub.files, hub.commit)
+    dest = tmp_path / "dest"
+    assert run(hub, dest).ok
+    dir_lock = verify.lock_from_dir(str(dest), REPO, hub.commit)
+    assert tree.lock_to_json(dir_lock) == tree.lock_to_json(hub_lock)
+
+
+def test_lock_from_hub_refuses_an_unknown_revision(hub):
+    with pytest.raises(Exception) as err:
+        prefetch.lock_from_hub(REPO, "d" * 40)
+    assert type(err.value).__name__ == "RevisionNotFoundError"
+    with pytest.raises(tree.LockError, match="40-hex"):
+        prefetch.lock_from_hub(REPO, "main")
