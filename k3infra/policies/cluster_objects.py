@@ -1,0 +1,106 @@
+"""Objects the serving pods need around them: a NetworkPolicy that closes their port to
+everyone not allowed, and a PodDisruptionBudget; plus the licence acknowledgement."""
+from __future__ import annotations
+
+from typing import Callable
+
+from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
+                           StackValidationArgs, StackValidationPolicy)
+
+from k3infra.gates import license_text
+from k3infra.policies import stack_config
+from k3infra.policies.workloads import Workload, get, items, kind_of, label_selector_matches, workloads
+from k3infra.receipt import load_receipt
+
+_R = load_receipt()
+
+
+def _serving(args: StackValidationArgs) -> list[tuple[PolicyResource, Workload]]:
+    return [(res, wl) for res in args.resources
+            for wl in workloads(res.resource_type, res.props) if wl.is_serving]
+
+
+def _in_namespace(res: PolicyResource, namespace: str) -> bool:
+    return str(get(res.props, "metadata", "namespace", default="default")) == namespace
+
+
+def _restricts_ingress(netpol: PolicyResource) -> bool:
+    """Ingress is in policyTypes (the default when it is omitted) and no rule admits
+    every source (an empty rule `{}` allows all traffic)."""
+    types = [str(t) for t in items(get(netpol.props, "spec", "policyTypes"))] or ["Ingress"]
+    if "Ingress" not in types:
+        return False
+    for rule in items(get(netpol.props, "spec", "ingress")):
+        if not items(get(rule, "from")):
+            return False
+    return True
+
+
+def _selecting(kind: str, selector: Callable[[PolicyResource], object],
+               extra: Callable[[PolicyResource], bool] = lambda _: True):
+    def find(args: StackValidationArgs, wl: Workload) -> list[PolicyResource]:
+        return [res for res in args.resources
+                if kind_of(res.resource_type) == kind and _in_namespace(res, wl.namespace)
+                and label_selector_matches(selector(res), wl.labels()) and extra(res)]
+    return find
+
+
+_netpols = _selecting("NetworkPolicy", lambda r: get(r.props, "spec", "podSelector"),
+                      _restricts_ingress)
+_pdbs = _selecting("PodDisruptionBudget", lambda r: get(r.props, "spec", "selector"))
+
+
+def _network_policy(args: StackValidationArgs, report: ReportViolation) -> None:
+    for res, wl in _serving(args):
+        if not _netpols(args, wl):
+            report(f"{wl.kind} {wl.name}: no NetworkPolicy in namespace {wl.namespace} selects "
+                   f"its pods ({wl.labels()}) and restricts ingress; its port is open to every "
+                   "pod in the cluster", res.urn)
+
+
+network_policy = StackValidationPolicy(
+    name="k3-network-policy",
+    description=("A NetworkPolicy selects the serving pods and restricts ingress (no rule that "
+                 "admits every source): the OpenAI-compatible port serves "
+                 f"{_R.model.repo} to anyone who can reach it, and /health and /metrics stay "
+                 "open even with an API key."),
+    validate=_network_policy,
+    enforcement_level=EnforcementLevel.MANDATORY,
+)
+
+
+def _disruption_budget(args: StackValidationArgs, report: ReportViolation) -> None:
+    for res, wl in _serving(args):
+        if not _pdbs(args, wl):
+            report(f"{wl.kind} {wl.name}: no PodDisruptionBudget in namespace {wl.namespace} "
+                   f"selects its pods ({wl.labels()})", res.urn)
+
+
+disruption_budget = StackValidationPolicy(
+    name="k3-disruption-budget",
+    description=("A PodDisruptionBudget covers the serving pods: each is a whole "
+                 f"{_R.measured_gpu.gpus_per_node}-GPU node that takes the "
+                 f"{_R.model.size_gb:g} GB weights load and graph capture to come back, so a "
+                 "node drain must not take several replicas at once."),
+    validate=_disruption_budget,
+    enforcement_level=EnforcementLevel.MANDATORY,
+)
+
+
+def _license(args: StackValidationArgs, report: ReportViolation) -> None:
+    if not _serving(args):
+        return
+    if not stack_config.license_accepted():
+        report(f"k3:acceptModelLicense is not true. {license_text(_R)}", None)
+
+
+license_acknowledged = StackValidationPolicy(
+    name="k3-license-acknowledged",
+    description=(f"The stack acknowledges the {_R.license.name} (k3:acceptModelLicense): "
+                 f"{_R.license.thresholds_text()}. Advisory: the acknowledgement is the "
+                 "deployer's statement, and `pulumi up` already refuses without it."),
+    validate=_license,
+    enforcement_level=EnforcementLevel.ADVISORY,
+)
+
+POLICIES = [network_policy, disruption_budget, license_acknowledged]

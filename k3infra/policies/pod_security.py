@@ -1,0 +1,102 @@
+"""Pods stay inside their sandbox: no privileged containers, no host namespaces, no added
+capabilities, host paths only for the node-local weights root, sized resources."""
+from __future__ import annotations
+
+import posixpath
+
+from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation,
+                           ResourceValidationArgs, ResourceValidationPolicy)
+
+from k3infra.policies import stack_config
+from k3infra.policies.workloads import get, items, workloads
+from k3infra.receipt import load_receipt
+
+_R = load_receipt()
+HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
+
+
+def _sandbox(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    for wl in workloads(args.resource_type, args.props):
+        for field in HOST_NAMESPACES:
+            if get(wl.pod_spec, field) is True:
+                report(f"{wl.kind} {wl.name}: pod sets {field}: true", None)
+        for c in wl.containers():
+            where = f"{wl.kind} {wl.name} container {c.name}"
+            if get(c.spec, "securityContext", "privileged") is True:
+                report(f"{where}: securityContext.privileged is true", None)
+            added = items(get(c.spec, "securityContext", "capabilities", "add"))
+            if added:
+                report(f"{where}: adds capabilities {', '.join(map(str, added))}", None)
+
+
+pod_sandbox = ResourceValidationPolicy(
+    name="k3-pod-sandbox",
+    description=("No privileged container, no host network, PID or IPC namespace and no added "
+                 "Linux capability in any pod: vLLM reaches its GPUs through the device plugin "
+                 f"({_R.measured_gpu.gpus_per_node} nvidia.com/gpu) and NCCL through /dev/shm, "
+                 "neither of which needs host privileges; a privileged pod on an 8-GPU node "
+                 "owns the node."),
+    validate=_sandbox,
+    enforcement_level=EnforcementLevel.MANDATORY,
+)
+
+
+def _norm(path: str) -> str:
+    return posixpath.normpath(path) if path else path
+
+
+def _host_path(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    weights = stack_config.weights()
+    allowed = {_norm(str(p)) for p in items(args.get_config().get("allowedPaths"))}
+    if weights.mode == "node-local":
+        allowed.add(_norm(weights.node_local_root))
+    for wl in workloads(args.resource_type, args.props):
+        for name, volume in wl.volumes().items():
+            path = get(volume, "hostPath", "path")
+            if path is None:
+                continue
+            if _norm(str(path)) not in allowed:
+                shown = ", ".join(sorted(allowed)) or "none (k3:weights.mode is not node-local)"
+                report(f"{wl.kind} {wl.name} volume {name}: hostPath {path!r} is not the "
+                       f"configured weights root (allowed: {shown})", None)
+
+
+host_path = ResourceValidationPolicy(
+    name="k3-host-path",
+    description=("A pod mounts a host path only for the node-local weights root "
+                 "(k3:weights.nodeLocalRoot, with k3:weights.mode node-local): the "
+                 f"{_R.model.size_gb:g} GB tree on the node's NVMe. Any other host path "
+                 "exposes the node's file system to the pod."),
+    validate=_host_path,
+    enforcement_level=EnforcementLevel.MANDATORY,
+    config_schema=PolicyConfigSchema(properties={
+        "allowedPaths": {
+            "type": "array", "items": {"type": "string"}, "default": [],
+            "description": "further host paths your cluster allows (absolute)"}}),
+)
+
+
+def _resources(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    for wl in workloads(args.resource_type, args.props):
+        for c in wl.containers():
+            if c.list_name == "ephemeralContainers":
+                continue   # the API does not allow resources on ephemeral containers
+            missing = [f"{part}.{res}" for part in ("requests", "limits")
+                       for res in ("cpu", "memory")
+                       if get(c.spec, "resources", part, res) is None]
+            if missing:
+                report(f"{wl.kind} {wl.name} container {c.name}: no resources "
+                       f"{', '.join(missing)}", None)
+
+
+resources = ResourceValidationPolicy(
+    name="k3-resources",
+    description=(f"Every container states CPU and memory requests and limits: a serving node "
+                 f"is one replica of a {_R.model.total_params}-parameter model, and an unbounded "
+                 f"neighbour (or an unbounded prefetch hashing {_R.model.size_gb:g} GB) must not "
+                 "starve it."),
+    validate=_resources,
+    enforcement_level=EnforcementLevel.MANDATORY,
+)
+
+POLICIES = [pod_sandbox, host_path, resources]

@@ -1,0 +1,84 @@
+"""The stack's `k3:*` config as a policy sees it.
+
+Under `pulumi preview --policy-pack`, the CLI hands the analyzer the stack's config
+(PULUMI_CONFIG) and pulumi-policy loads it into `pulumi.runtime` before each analysis;
+`k3infra policy check` loads plan.json's `config` the same way (see runner.py). Values
+are in Pulumi's wire form: strings, objects JSON-encoded, booleans "true"/"false".
+
+A program that embeds `K3ServingStack` under another project name has no `k3:*` keys:
+every reader here then falls back to the component's defaults, and the policies that
+can read the same fact from a resource (the profile annotation) prefer the resource.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from pydantic import BaseModel, ValidationError
+
+from k3infra.config import NAMESPACE, ServingConfig, WeightsConfig
+
+
+def value(key: str) -> Any:
+    """`k3:<key>` decoded (JSON objects, booleans, numbers), or None when unset."""
+    from pulumi.runtime import config as runtime_config
+
+    raw = runtime_config.get_config(f"{NAMESPACE}:{key}")
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if text in ("true", "false"):
+        return text == "true"
+    if text.startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _section(key: str, model: type[BaseModel]) -> Any:
+    data = value(key)
+    try:
+        return model.model_validate(data if isinstance(data, dict) else {})
+    except ValidationError:
+        # The program refuses a malformed section before anything is created; a policy
+        # judging what was created falls back to the defaults the builders would use.
+        return model.model_validate({})
+
+
+def serving() -> ServingConfig:
+    return _section("serving", ServingConfig)
+
+
+def weights() -> WeightsConfig:
+    return _section("weights", WeightsConfig)
+
+
+def profile() -> Optional[str]:
+    found = value("profile")
+    return str(found) if found is not None else None
+
+
+def gpu_memory_gib() -> Optional[float]:
+    found = value("gpuMemoryGib")
+    try:
+        return float(found) if found is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def license_accepted() -> bool:
+    return value("acceptModelLicense") is True
+
+
+def effective_profile(annotation: Optional[str]) -> str:
+    """The profile a resource was rendered for: its `k3infra.dev/profile` annotation and
+    the stack's `k3:profile`. Only when every source present says `custom` is it custom
+    (a relabelled annotation alone cannot turn mandatory checks advisory)."""
+    sources = [s for s in (annotation, profile()) if s]
+    if not sources:
+        return "measured"
+    if all(s == "custom" for s in sources):
+        return "custom"
+    return next(s for s in sources if s != "custom")
