@@ -54,7 +54,7 @@ def _network_policy(args: StackValidationArgs, report: ReportViolation) -> None:
     for res, wl in _serving(args):
         if not _netpols(args, wl):
             report(f"{wl.kind} {wl.name}: no NetworkPolicy in namespace {wl.namespace} selects "
-                   f"its pods ({wl.labels()}) and restricts ingress; its port is open to every "
+                   "its pods and restricts ingress; its port is open to every "
                    "pod in the cluster", res.urn)
 
 
@@ -73,7 +73,7 @@ def _disruption_budget(args: StackValidationArgs, report: ReportViolation) -> No
     for res, wl in _serving(args):
         if not _pdbs(args, wl):
             report(f"{wl.kind} {wl.name}: no PodDisruptionBudget in namespace {wl.namespace} "
-                   f"selects its pods ({wl.labels()})", res.urn)
+                   "selects its pods", res.urn)
 
 
 disruption_budget = StackValidationPolicy(
