@@ -1,0 +1,101 @@
+"""Every metric the alerts and the dashboard query is in the checked list
+(k3infra/operations/metric_names.yaml), and that list agrees with K3_FACTS.md and the
+vLLM sources it names."""
+from __future__ import annotations
+
+import pytest
+
+from k3infra.config import parse_stack_config
+from k3infra.operations import dashboard as d
+from k3infra.operations import monitoring as mon
+from k3infra.operations.metric_names import catalogue, exposed_names, queried_metrics, series
+from k3infra.serving import manifests as m
+
+from conftest import GOOD_REVISION
+
+IMAGE = "registry.example.com/k3/vllm@sha256:" + "1" * 64
+
+
+def all_rule_exprs(receipt) -> list[str]:
+    exprs = []
+    for flags in ({}, {"dcgmExportedLabels": True}):
+        c = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
+                                "k3:engineImage": IMAGE, "k3:monitoring": {**flags}})
+        exprs += [r["expr"] for r in mon.alert_rules(receipt, c, m.ServingNames(m.APP, "k3"))]
+    return exprs
+
+
+def dashboard_queries(receipt) -> list[str]:
+    board = d.dashboard(receipt)
+    queries = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    queries += [v["query"]["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return queries
+
+
+@pytest.mark.parametrize("expr,expected", [
+    ('histogram_quantile(0.99, sum by (namespace, le) (rate(vllm:e2e_request_latency_seconds_bucket'
+     '{namespace="k3", pod=~"kimi-k3-[0-9]+"}[15m]))) > 20.643',
+     {"vllm:e2e_request_latency_seconds_bucket"}),
+    ('(up{a="b"} == 0) unless on (namespace, pod) (time() - kube_pod_container_state_started'
+     '{container="vllm"} < 2972)', {"up", "kube_pod_container_state_started"}),
+    ('max by (pod) (vllm:kv_cache_usage_perc{x="y"} or vllm:gpu_cache_usage_perc{x="y"}) > 0.9',
+     {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}),
+    ("vector(18.695)", set()),
+    ("sum(rate(foo_total[$__rate_interval])) / 8 offset 5m", {"foo_total"}),
+    ('label_values(vllm:num_requests_running{namespace="$namespace"}, pod)',
+     {"vllm:num_requests_running"}),
+    ('count by (exported_namespace, exported_pod) (DCGM_FI_DEV_GPU_UTIL{exported_pod=~"a"}) < 8',
+     {"DCGM_FI_DEV_GPU_UTIL"}),
+])
+def test_promql_reader_finds_exactly_the_metric_names(expr, expected):
+    assert queried_metrics(expr) == expected
+
+
+def test_every_alert_queries_only_listed_metrics(receipt):
+    known = exposed_names()
+    for expr in all_rule_exprs(receipt):
+        found = queried_metrics(expr)
+        assert found, expr
+        assert found <= known, f"{sorted(found - known)} in {expr}"
+
+
+def test_every_dashboard_query_uses_only_listed_metrics(receipt):
+    known = exposed_names()
+    for expr in dashboard_queries(receipt):
+        assert queried_metrics(expr) <= known, f"{sorted(queried_metrics(expr) - known)} in {expr}"
+
+
+def test_an_unlisted_metric_would_be_caught():
+    assert not queried_metrics("rate(vllm:not_a_metric_total[5m])") <= exposed_names()
+    with pytest.raises(KeyError, match="not in k3infra/operations/metric_names.yaml"):
+        series("vllm:not_a_metric")
+
+
+def test_series_names_follow_prometheus_client_exposition():
+    assert series("vllm:num_preemptions") == "vllm:num_preemptions_total"
+    assert series("vllm:num_requests_waiting") == "vllm:num_requests_waiting"
+    assert series("vllm:e2e_request_latency_seconds", "bucket") == \
+        "vllm:e2e_request_latency_seconds_bucket"
+    with pytest.raises(KeyError):
+        series("vllm:e2e_request_latency_seconds")          # a histogram needs its part
+    with pytest.raises(KeyError):
+        series("vllm:num_requests_waiting", "bucket")
+
+
+def test_vllm_metrics_carry_the_vllm_prefix_and_every_source_is_described():
+    sources, metrics = catalogue()
+    for name, metric in metrics.items():
+        assert metric.source in sources and metric.help
+        assert name.startswith("vllm:") == (metric.source == "vllm"), name
+    assert "vllm/v1/metrics/loggers.py" in sources["vllm"]
+
+
+def test_the_metrics_the_issue_names_are_listed():
+    # The alerts and panels the operations issue asks for rest on these names.
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "up"):
+        assert name in exposed_names(), name
+

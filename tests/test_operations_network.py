@@ -1,0 +1,147 @@
+"""NetworkPolicies: default-deny ingress to the serving pods except the API port from the
+configured sources; egress DNS only (plus the Hub for the prefetch Job and for node-local
+serving pods). Checked on the builder and on the real render, whose pods they must select."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from k3infra.config import ConfigError, parse_stack_config
+from k3infra.operations import network as n
+from k3infra.serving import manifests as m
+
+from conftest import GOOD_REVISION, manifest, render
+
+PIN = f"weightsRevision={GOOD_REVISION}"
+IMAGE = "registry.example.com/k3/vllm@sha256:" + "1" * 64
+NAMES = m.ServingNames(m.APP, "k3")
+
+
+def cfg(**keys):
+    raw = {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x", "k3:engineImage": IMAGE}
+    raw.update({f"k3:{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
+                for k, v in keys.items()})
+    return parse_stack_config(raw)
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def test_default_render_contains_both_policies():
+    r = render("existing", PIN)
+    serving = manifest(r, "NetworkPolicy", "kimi-k3-serving")
+    prefetch = manifest(r, "NetworkPolicy", "kimi-k3-weights-prefetch")
+    assert serving["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert prefetch["spec"]["policyTypes"] == ["Ingress", "Egress"]
+
+
+def test_serving_policy_selects_the_statefulset_pods_and_only_them():
+    r = render("existing", PIN)
+    policy = manifest(r, "NetworkPolicy", "kimi-k3-serving")["spec"]["podSelector"]
+    sts_pod = manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    job_pod = manifest(r, "Job")["spec"]["template"]["metadata"]["labels"]
+    assert matches(policy, sts_pod)
+    assert not matches(policy, job_pod)
+
+
+def test_prefetch_policy_selects_the_job_pods_and_only_them():
+    r = render("existing", PIN)
+    policy = manifest(r, "NetworkPolicy", "kimi-k3-weights-prefetch")["spec"]["podSelector"]
+    assert matches(policy, manifest(r, "Job")["spec"]["template"]["metadata"]["labels"])
+    assert not matches(policy, manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"])
+
+
+def test_only_the_api_port_is_opened_and_it_is_the_containers_port():
+    r = render("existing", PIN, 'serving={"port": 8080}')
+    ingress = manifest(r, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"]
+    vllm = manifest(r, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    assert [rule["ports"] for rule in ingress] == [[{"port": 8080, "protocol": "TCP"}]]
+    assert vllm["ports"][0]["containerPort"] == 8080
+
+
+def test_default_sources_are_the_scraper_namespace_only():
+    peers = n.serving_policy(cfg(), NAMES, "k3")["spec"]["ingress"][0]["from"]
+    assert peers == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_configured_namespaces_and_labels_are_the_only_other_sources():
+    c = cfg(network={"allowFromNamespaces": ["ingress-nginx", "gateway"],
+                     "allowFromPodLabels": {"k3.example.com/client": "true"},
+                     "scraperNamespace": "observability",
+                     "scraperPodLabels": {"app.kubernetes.io/name": "prometheus"}})
+    peers = n.serving_policy(c, NAMES, "k3")["spec"]["ingress"][0]["from"]
+    assert peers == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}},
+        {"podSelector": {"matchLabels": {"k3.example.com/client": "true"}}},
+        # one peer with both selectors: pods with these labels IN that namespace
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+    ]
+
+
+def test_no_source_means_no_ingress_rule_at_all():
+    spec = n.serving_policy(cfg(network={"scraperNamespace": None}), NAMES, "k3")["spec"]
+    assert spec["ingress"] == [] and "Ingress" in spec["policyTypes"]
+
+
+def test_benchmark_pods_are_let_in_only_when_the_benchmark_is_enabled():
+    def peers(c):
+        return n.serving_policy(c, NAMES, "k3")["spec"]["ingress"][0]["from"]
+
+    bench = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "k3",
+                                             "app.kubernetes.io/component": "benchmark"}}}
+    assert bench not in peers(cfg())
+    assert bench in peers(cfg(benchmark={"enabled": True}))
+
+
+def test_serving_egress_is_dns_only_in_shared_mode():
+    egress = n.serving_policy(cfg(), NAMES, "k3")["spec"]["egress"]
+    assert egress == [n.dns_egress(cfg())]
+    ports = {(p["port"], p["protocol"]) for p in egress[0]["ports"]}
+    assert ports == {(53, "UDP"), (53, "TCP")}
+    assert egress[0]["to"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "kube-system"}}}]
+
+
+def test_node_local_serving_pods_may_reach_the_hub_because_their_gate_fetches():
+    c = cfg(weights={"mode": "node-local"}, nodePool={"provider": "existing", "localNvmeGB": 30400})
+    egress = n.serving_policy(c, NAMES, "k3")["spec"]["egress"]
+    assert egress == [n.dns_egress(c), n.hub_egress(c)]
+
+
+def test_prefetch_job_gets_no_ingress_and_reaches_dns_and_the_hub_on_https():
+    spec = n.prefetch_policy(cfg(), NAMES, "k3")["spec"]
+    assert spec["ingress"] == []
+    dns, hub = spec["egress"]
+    assert dns == n.dns_egress(cfg())
+    assert hub["ports"] == [{"port": 443, "protocol": "TCP"}]
+    assert hub["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+
+
+def test_hub_and_dns_destinations_are_configurable():
+    c = cfg(network={"hubCidrs": ["10.20.0.0/16"], "hubPorts": [3128],
+                     "dnsCidrs": ["169.254.20.10/32"], "dnsNamespace": "dns"})
+    dns, hub = n.prefetch_policy(c, NAMES, "k3")["spec"]["egress"]
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "dns"}}}, {"ipBlock": {"cidr": "169.254.20.10/32"}}]
+    assert hub == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+                   "ports": [{"port": 3128, "protocol": "TCP"}]}
+
+
+@pytest.mark.parametrize("network,key", [
+    ({"allowFromNamespaces": ["Not_A_Namespace"]}, "k3:network.allowFromNamespaces"),
+    ({"allowFromPodLabels": {"app": "has space"}}, "k3:network.allowFromPodLabels"),
+    ({"hubCidrs": ["10.0.0.1/8"]}, "k3:network.hubCidrs"),
+    ({"hubCidrs": []}, "k3:network.hubCidrs"),
+    ({"hubPorts": [70000]}, "k3:network.hubPorts"),
+    ({"dnsCidrs": ["dns.example.com"]}, "k3:network.dnsCidrs"),
+    ({"allowFrom": ["x"]}, "k3:network.allowFrom"),
+])
+def test_bad_network_settings_are_refused_naming_the_key(network, key):
+    with pytest.raises(ConfigError) as exc:
+        cfg(network=network)
+    assert exc.value.key == key
