@@ -308,3 +308,19 @@ def test_pool_spec_node_count_defaults_to_replicas(receipt):
     spec = pool_spec(stack_config({"provider": "aws", "aws": AWS}, replicas=3), receipt)
     assert spec.node_count == 3 and spec.gpus == 3 * receipt.measured_gpu.gpus_per_node
     assert aws_adapter.eks_taints(spec) == TAINT_ENUM
+
+
+@pytest.mark.parametrize("stack,needles", [
+    ("aws", ["aws:eks/nodeGroup:NodeGroup", "gpu-operator v25.10.1", "p6-b300.48xlarge"]),
+    ("oci", ["oci:ContainerEngine/nodePool:NodePool", "BM.GPU.B300.8"]),
+    ("existing", ["nothing created"]),
+])
+def test_cli_render_lists_pool_resources_addons_and_preflight(stack, needles, tmp_path, capsys):
+    from k3infra.cli import main
+    assert main(["render", "--stack", stack, "--config", PIN, "--out", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "preflight ok HBM fit per node" in out
+    for needle in needles:
+        assert needle in out, needle
+    if stack == "existing":
+        assert "node pool:" not in out

@@ -54,6 +54,13 @@ def _render(args: argparse.Namespace) -> int:
     lock = load_stack_lock(load_receipt(), cfg, root)
     for line in preflight_report(cfg, lock_total_bytes=lock.total_bytes if lock else None):
         console.print(f"preflight {line}")
+    pools = render.by_type("k3infra:index:B300NodePool")
+    for res in render.resources:
+        if pools and res["parent"] == pools[0]["urn"]:
+            inputs = res["inputs"]
+            what = (f"{inputs['chart']} {inputs['version']} from {inputs['repositoryOpts']['repo']}"
+                    if res["type"] == "kubernetes:helm.sh/v4:Chart" else res["name"])
+            console.print(f"node pool: {res['type']} {what}")
     for warning in render.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
