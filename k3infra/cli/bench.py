@@ -64,6 +64,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     fe.add_argument("--namespace", default="k3")
     fe.add_argument("--kubeconfig")
     fe.add_argument("--context")
+    fe.add_argument("--run", help="a run id (default: the latest complete run)")
     fe.add_argument("--image", help="image for the short-lived reader pod "
                                     "(default: the benchmark Job's own image)")
     fe.set_defaults(func=_fetch)
@@ -166,11 +167,12 @@ def _fetch(args: argparse.Namespace) -> int:
     from k3infra.bench.cluster import ClusterError, connect, fetch_results
 
     try:
-        files = fetch_results(connect(args.kubeconfig, args.context), args.namespace,
-                              args.out, image=args.image)
+        run_dir = fetch_results(connect(args.kubeconfig, args.context), args.namespace,
+                                args.out, image=args.image, run_id=args.run or "")
     except ClusterError as exc:
         raise UsageError(str(exc)) from None
-    console = Console()
-    console.print(f"fetched {len(files)} files into {args.out} (sha256 checked against "
-                  "the Job's SHA256SUMS)")
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    Console().print(f"fetched {len(files)} files into {run_dir} (each checked against the "
+                    "run's SHA256SUMS); compare with: k3infra bench compare "
+                    f"{run_dir}/run*-measured.json")
     return 0

@@ -1,0 +1,132 @@
+"""`k3infra verify`: the live deployment against the receipt, in one table.
+
+Reads the cluster through the `kubernetes` client and your kubeconfig: the serving
+StatefulSet (image, args, env, readiness), the verified marker and lock inside each
+serving pod, and the benchmark Job's latest results (fetched from its PVC through a
+short-lived reader pod, or `--results DIR` from an earlier `k3infra bench fetch`).
+Exit 0 when every check holds, 1 on any drift, 2 when the cluster cannot be read.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from k3infra.cli import UsageError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--namespace", default="k3")
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--context")
+    parser.add_argument("--receipt", help="another receipt file of the same schema")
+    parser.add_argument("--engine-image", help="the image you expect (repo@sha256:...)")
+    parser.add_argument("--lock", type=Path,
+                        help="the weights lock file (default: the lock on the weights volume)")
+    parser.add_argument("--results", type=Path,
+                        help="a run directory from `k3infra bench fetch` (default: fetch the "
+                             "latest run into --fetch-dir)")
+    parser.add_argument("--fetch-dir", type=Path, default=Path("k3-bench-results"))
+    parser.add_argument("--no-results", action="store_true",
+                        help="skip the benchmark check (no benchmark deployed)")
+    parser.add_argument("--tolerance-pct", type=float, default=None)
+    parser.set_defaults(func=_verify)
+
+
+def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
+                expected_image: Optional[str] = None, results_dir: Optional[Path] = None,
+                fetch_dir: Optional[Path] = None, check_results: bool = True,
+                tolerance_pct: float) -> list:
+    """Every drift row. `cluster` offers statefulset(), read_file(pod, container, path)
+    and, for fetching, what k3infra.bench.cluster.fetch_results uses."""
+    from k3infra.bench import cluster as kc
+    from k3infra.bench import drift
+    from k3infra.bench.compare import compare_results
+    from k3infra.bench.results import ResultError, load_result
+    from k3infra.weights.manifests import WeightsLayout
+    from k3infra.weights.tree import MARKER_NAME
+
+    sts = cluster.statefulset()
+    rows = drift.statefulset_drift(sts, receipt, expected_image)
+    ann = sts["metadata"].get("annotations") or {}
+    revision = ann.get("k3infra.dev/weights-revision")
+    profile = ann.get("k3infra.dev/profile", "measured")
+    tree = drift.model_dir(sts)
+    name = sts["metadata"]["name"]
+    for ordinal in range(int(sts["spec"].get("replicas", 1))):
+        pod = f"{name}-{ordinal}"
+        text = cluster.read_file(pod, drift.SERVING_CONTAINER, f"{tree}/{MARKER_NAME}") \
+            if tree else None
+        marker = _json(text)
+        pod_lock = lock
+        if pod_lock is None and revision:
+            pod_lock = _json(cluster.read_file(pod, drift.SERVING_CONTAINER,
+                                               WeightsLayout(receipt.model.repo, revision).lock))
+        for r in drift.weights_drift(marker, pod_lock, receipt, revision=revision,
+                                     profile=profile):
+            rows.append(drift.DriftRow(r.area, f"{r.check} [{pod}]", r.expected, r.actual, r.ok))
+
+    if check_results:
+        cmp, why = None, ""
+        try:
+            if results_dir is None:
+                results_dir = kc.fetch_results(None, cluster.namespace, fetch_dir,
+                                               cluster=cluster)
+            results = [load_result(p) for p in kc.measured_results(results_dir)]
+            cmp = compare_results(results, receipt, tolerance_pct)
+        except (kc.ClusterError, ResultError, OSError, ValueError) as exc:
+            why = str(exc)
+        rows += drift.benchmark_drift(cmp, why)
+    return rows
+
+
+def _json(text: Optional[str]) -> Optional[dict]:
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def print_rows(rows, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="k3infra verify: live deployment vs receipt")
+    for col in ("area", "check", "expected", "actual", ""):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r.area, r.check, r.expected, r.actual,
+                      "[green]ok[/]" if r.ok else "[bold red]DRIFT[/]")
+    console.print(table)
+    bad = [r for r in rows if not r.ok]
+    console.print("[green]no drift[/]" if not bad
+                  else f"[bold red]{len(bad)} check(s) drift from the receipt[/]")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from k3infra.bench.cluster import ClusterError, KubeCluster, connect
+    from k3infra.cli.bench import _tolerance
+    from k3infra.receipt import load_receipt
+
+    receipt = load_receipt(args.receipt)
+    lock = None
+    if args.lock:
+        try:
+            lock = json.loads(args.lock.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--lock {args.lock}: not a readable JSON lock ({exc})") from None
+    try:
+        cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
+        rows = verify_rows(cluster, receipt, lock=lock, expected_image=args.engine_image,
+                           results_dir=args.results, fetch_dir=args.fetch_dir,
+                           check_results=not args.no_results,
+                           tolerance_pct=_tolerance(args.tolerance_pct))
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
+    print_rows(rows)
+    return 0 if all(r.ok for r in rows) else 1
