@@ -24,7 +24,10 @@ _TYPED = {
     ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
 }
-_TOP_LEVEL = ("spec", "data", "stringData", "type", "immutable")
+_TOP_LEVEL = ("spec", "data", "stringData", "type", "immutable",
+              # RBAC and ServiceAccount fields live at the top level too.
+              "rules", "roleRef", "subjects", "automountServiceAccountToken",
+              "imagePullSecrets")
 
 
 def apply_manifest(logical_name: str, manifest: dict[str, Any],

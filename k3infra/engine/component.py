@@ -1,0 +1,230 @@
+"""`EngineBuild`: the engine image a stack serves, pinned by digest, in three modes.
+
+    prebuilt    k3:engineImage (repo@sha256:...) as given; nothing is created
+    in-cluster  a Job on a CPU node runs rootless BuildKit over images/ and pushes to
+                k3:engine.registry; it writes the pushed digest and the wheel record into
+                a ConfigMap that this component reads back (manifests.py, pod/)
+    local       pulumi-docker-build on the operator's machine: pass 1 exports the wheel
+                record, pass 2 builds and pushes the runtime image with it as labels
+
+`image` (repo@sha256:...) is what K3ServingStack gives the StatefulSet; `engine_commit`,
+`wheel_sha256` and `image_digest` become stack outputs.
+"""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional, TypedDict
+
+import pulumi
+
+from k3infra.config import StackConfig
+from k3infra.engine import manifests as em
+from k3infra.engine.plan import EnginePlan, resolve_engine
+from k3infra.engine.result import (BuildResult, EngineBuildError, image_from_digest,
+                                   parse_build_result, parse_wheel_record)
+from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX
+from k3infra.kube import apply_manifest
+from k3infra.receipt import Receipt, load_receipt
+
+# Files of images/ the Dockerfile uses (its only COPY from the context is the helper).
+RECIPE_FILES = ("Dockerfile", "k3_engine_build.py")
+PLACEHOLDER_DIGEST = f"sha256:{PLACEHOLDER_HEX}"
+
+
+class EngineBuildArgs(TypedDict, total=False):
+    config: StackConfig      # the validated stack config (required)
+    receipt: Receipt         # default: the shipped receipt
+    namespace: str           # where in-cluster build objects go (default: k3:namespace)
+    base: str                # object name prefix (default: kimi-k3)
+    labels: dict             # labels on build objects
+    recipeDir: str           # the images/ directory (default: found from the cwd)
+    exportDir: str           # local mode: where pass 1 exports (default: build/engine)
+
+
+def find_recipe_dir(explicit: Optional[str] = None) -> Path:
+    """images/ of this project: explicit, else beside Pulumi.yaml above the cwd (Pulumi
+    runs programs there), else beside the k3infra package (an editable install)."""
+    if explicit:
+        found = Path(explicit)
+    else:
+        here = Path.cwd().resolve()
+        candidates = [d / "images" for d in (here, *here.parents)]
+        candidates.append(Path(__file__).resolve().parents[2] / "images")
+        found = next((c for c in candidates if (c / "Dockerfile").is_file()), candidates[0])
+    if not (found / "Dockerfile").is_file():
+        raise EngineBuildError(f"no images/Dockerfile at {found}: run from the project "
+                               "directory or pass recipeDir")
+    return found
+
+
+def recipe_files(recipe: Path) -> dict[str, str]:
+    return {name: (recipe / name).read_text() for name in RECIPE_FILES}
+
+
+def job_files() -> dict[str, str]:
+    pod = resources.files("k3infra.engine.pod")
+    return {name: pod.joinpath(name).read_text() for name in em.JOB_SCRIPTS}
+
+
+def offline_render() -> bool:
+    """`k3infra render`: builds never run, their digest is a labelled placeholder."""
+    return os.environ.get(OFFLINE_RENDER_ENV) == "1"
+
+
+def placeholder_result(plan: EnginePlan, why: str) -> BuildResult:
+    pulumi.log.warn(f"k3:engine.build = {plan.mode}: the image digest is {why}; the render "
+                    f"shows {plan.repository}@{PLACEHOLDER_DIGEST}")
+    return BuildResult(image=f"{plan.repository}@{PLACEHOLDER_DIGEST}", digest=PLACEHOLDER_DIGEST,
+                       wheel_sha256=None, engine_commit=plan.engine_commit or "",
+                       vllm_version=plan.engine_version or "")
+
+
+class EngineBuild(pulumi.ComponentResource):
+    """The serving image, by digest: prebuilt, built in-cluster, or built locally."""
+
+    image: pulumi.Output[str]
+    image_digest: pulumi.Output[str]
+    engine_commit: pulumi.Output[Optional[str]]
+    engine_version: pulumi.Output[Optional[str]]
+    wheel_sha256: pulumi.Output[Optional[str]]
+    profile_label: pulumi.Output[str]
+    plan: EnginePlan
+
+    def __init__(self, name: str, args: EngineBuildArgs,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        cfg = args["config"]
+        receipt = args.get("receipt") or load_receipt()
+        # Everything that can refuse does so before the first registration.
+        plan = resolve_engine(receipt, cfg)
+        uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
+                                               and cfg.engine.context == "configmap")
+        recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None
+        super().__init__("k3infra:index:EngineBuild", name, None, opts)
+        self.plan = plan
+        self.build_objects: dict[str, pulumi.CustomResource] = {}
+
+        if plan.mode == "prebuilt":
+            image = pulumi.Output.from_input(plan.image)
+            self.image = image
+            self.image_digest = image.apply(lambda ref: ref.rsplit("@", 1)[1])
+            self.engine_commit = pulumi.Output.from_input(plan.engine_commit)
+            self.wheel_sha256 = pulumi.Output.from_input(plan.wheel_sha256)
+        else:
+            if plan.mode == "in-cluster":
+                result = self._in_cluster(name, plan, cfg, args, recipe)
+            else:
+                result = self._local(name, plan, args, recipe)
+            self.image = result.apply(lambda r: r.image)
+            self.image_digest = result.apply(lambda r: r.digest)
+            self.engine_commit = result.apply(lambda r: r.engine_commit)
+            self.wheel_sha256 = result.apply(lambda r: r.wheel_sha256)
+        self.engine_version = pulumi.Output.from_input(plan.engine_version)
+        self.profile_label = pulumi.Output.from_input(plan.label)
+        self.register_outputs({"image": self.image, "imageDigest": self.image_digest,
+                               "engineCommit": self.engine_commit,
+                               "engineVersion": self.engine_version,
+                               "wheelSha256": self.wheel_sha256,
+                               "engineProfile": self.profile_label})
+
+    # --- in-cluster ----------------------------------------------------------------
+
+    def _in_cluster(self, name: str, plan: EnginePlan, cfg: StackConfig, args: EngineBuildArgs,
+                    recipe: Optional[Path]) -> pulumi.Output[BuildResult]:
+        import pulumi_kubernetes as k8s
+
+        context = recipe_files(recipe) if recipe is not None else {}
+        scripts = job_files()
+        names = em.BuildNames(args.get("base", "kimi-k3"), args.get("namespace", cfg.namespace),
+                              em.build_hash(plan, cfg, context, scripts))
+        labels = dict(args.get("labels") or {"app.kubernetes.io/component": "engine-build",
+                                             "app.kubernetes.io/part-of": "k3infra"})
+        objs = em.build_manifests(plan, cfg, names, labels, context, scripts)
+        child = pulumi.ResourceOptions(parent=self)
+        created = {}
+        for role, manifest in objs.items():
+            if role == "job":
+                continue
+            extra = pulumi.ResourceOptions(ignore_changes=["data"]) if role == "result" else None
+            created[role] = apply_manifest(f"{name}-{role}", manifest,
+                                           pulumi.ResourceOptions.merge(child, extra))
+        wait = f"{em.job_timeout_minutes(cfg)}m"
+        job = apply_manifest(f"{name}-job", objs["job"], pulumi.ResourceOptions.merge(
+            child, pulumi.ResourceOptions(
+                depends_on=list(created.values()),
+                # Fixed, hash-derived name: a failed build is re-run with
+                # `pulumi up --replace <job urn>`, which must delete the old Job first.
+                delete_before_replace=True,
+                custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait))))
+        created["job"] = job
+        self.build_objects = created
+        # The read waits for the Job (which Pulumi awaits until it completes); its id is
+        # unknown in a preview of a new build, so nothing is read before the Job ran.
+        read_id = job.metadata.apply(lambda _: f"{names.namespace}/{names.result_configmap}")
+        result_cm = k8s.core.v1.ConfigMap.get(
+            f"{name}-result-read", read_id,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[job]))
+        where = f"ConfigMap {names.namespace}/{names.result_configmap}"
+
+        def parse(data: Optional[dict]) -> BuildResult:
+            if offline_render() and not (data or {}).get("digest"):
+                return placeholder_result(plan, f"written by Job {names.job} at `pulumi up`")
+            return parse_build_result(data, plan, where)
+
+        return result_cm.data.apply(parse)
+
+    # --- local ---------------------------------------------------------------------
+
+    def _local(self, name: str, plan: EnginePlan, args: EngineBuildArgs,
+               recipe: Path) -> pulumi.Output[BuildResult]:
+        import pulumi_docker_build as docker_build
+
+        export_root = Path(args.get("exportDir") or recipe.parent / "build" / "engine")
+        export = export_root / f"wheel-{em.recipe_hash(plan, recipe_files(recipe))}"
+        context = docker_build.BuildContextArgs(location=str(recipe))
+        dockerfile = docker_build.DockerfileArgs(location=str(recipe / "Dockerfile"))
+        cache_from = [docker_build.CacheFromArgs(
+            registry=docker_build.CacheFromRegistryArgs(ref=plan.cache_ref))]
+        child = pulumi.ResourceOptions(parent=self)
+        wheel = docker_build.Image(
+            f"{name}-wheel", push=False, context=context, dockerfile=dockerfile,
+            target="wheel-export", build_args=plan.build_args, build_on_preview=False,
+            platforms=[docker_build.Platform.LINUX_AMD64], cache_from=cache_from,
+            exports=[docker_build.ExportArgs(local=docker_build.ExportLocalArgs(dest=str(export)))],
+            opts=child)
+
+        def record(_: Any) -> dict:
+            if offline_render():
+                return {}
+            path = export / "engine-wheel.json"
+            if not path.is_file():
+                raise EngineBuildError(
+                    f"{path} is missing: pass 1 exported it on another machine or it was "
+                    f"deleted; rebuild with `pulumi up --replace` on {name}-wheel")
+            return parse_wheel_record(path.read_text(), plan, str(path))
+
+        rec = wheel.context_hash.apply(record)
+        runtime_args = rec.apply(lambda r: {**plan.build_args,
+                                            "WHEEL_SHA256": r.get("sha256", ""),
+                                            "ENGINE_COMMIT_FULL": r.get("engine_commit", "")})
+        image = docker_build.Image(
+            f"{name}-image", push=True, context=context, dockerfile=dockerfile,
+            target="runtime", build_args=runtime_args, build_on_preview=False,
+            platforms=[docker_build.Platform.LINUX_AMD64], tags=[plan.tagged_ref],
+            cache_from=cache_from,
+            cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
+                ref=plan.cache_ref, mode=docker_build.CacheMode.MAX, ignore_error=True))],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[wheel]))
+        self.build_objects = {"wheel": wheel, "image": image}
+
+        def result(values: list) -> BuildResult:
+            digest, r = values
+            if offline_render() and not digest:
+                return placeholder_result(plan, "known once the local build pushed at `pulumi up`")
+            return BuildResult(image=image_from_digest(plan.repository, digest, plan),
+                               digest=digest, wheel_sha256=r["sha256"],
+                               engine_commit=r["engine_commit"], vllm_version=r["version"])
+
+        return pulumi.Output.all(image.digest, rec).apply(result)
+

@@ -1,0 +1,295 @@
+"""Kubernetes side of the in-cluster engine build: a Job on a CPU node that runs
+rootless BuildKit over images/ (two passes, k3infra/engine/pod/build.sh), then writes the
+pushed digest and the wheel record into a ConfigMap that Pulumi reads back.
+
+Pure: (plan, config, names, files) -> manifest dicts. No Pulumi, no I/O.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from k3infra import placement
+from k3infra.config import StackConfig
+from k3infra.engine.plan import EnginePlan
+
+CONTEXT_DIR = "/k3/context"           # images/ (configmap context)
+JOB_DIR = "/k3/job"                   # build.sh, report.py, build-args
+OUT_DIR = "/k3/out"                   # pass 1 export + BuildKit metadata, read by report
+SCCACHE_DIR = "/k3/sccache"
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The rootless BuildKit image runs as `user` (1000) with its state under this home.
+BUILDKIT_UID = 1000
+BUILDKIT_HOME = "/home/user"
+BUILD_ARGS_KEY = "build-args"
+JOB_SCRIPTS = ("build.sh", "report.py")
+# Result ConfigMap keys (written by pod/report.py, read by result.parse_build_result).
+RESULT_KEYS = ("digest", "image", "wheelSha256", "engineCommit", "vllmVersion")
+
+
+@dataclass(frozen=True)
+class BuildNames:
+    """Object names; `build_hash` changes with anything that changes the build, so a new
+    build gets new objects and an unchanged one is left alone."""
+
+    base: str
+    namespace: str
+    build_hash: str
+
+    @property
+    def context_configmap(self) -> str:
+        return f"{self.base}-engine-context-{self.build_hash}"
+
+    @property
+    def job_configmap(self) -> str:
+        return f"{self.base}-engine-job-{self.build_hash}"
+
+    @property
+    def result_configmap(self) -> str:
+        return f"{self.base}-engine-result-{self.build_hash}"
+
+    @property
+    def job(self) -> str:
+        return f"{self.base}-engine-build-{self.build_hash}"
+
+    @property
+    def service_account(self) -> str:
+        return f"{self.base}-engine-build"
+
+    @property
+    def role(self) -> str:
+        return f"{self.base}-engine-build"
+
+
+def _digest(material: dict) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def recipe_hash(plan: EnginePlan, context_files: dict[str, str]) -> str:
+    """Hash of what the image is made from: build args, target ref, recipe files."""
+    return _digest({"args": plan.build_args, "image": plan.tagged_ref, "context": context_files})
+
+
+def build_hash(plan: EnginePlan, cfg: StackConfig, context_files: dict[str, str],
+               job_files: dict[str, str]) -> str:
+    """Hash of every input of an in-cluster build (recipe, job scripts, images, node)."""
+    eng = cfg.engine
+    material = {"recipe": recipe_hash(plan, context_files),
+                "job": job_files, "source": [eng.context, eng.git_url, eng.git_revision],
+                "buildkit": eng.buildkit_image, "reporter": eng.reporter_image,
+                "node": [eng.build_cpu, eng.build_memory_gi, eng.build_disk_gi,
+                         sorted(eng.build_node_selector.items())],
+                "sccache": eng.sccache_secret}
+    return _digest(material)
+
+
+def build_args_text(plan: EnginePlan) -> str:
+    """KEY=VALUE lines for build.sh (values never contain newlines: receipt strings)."""
+    for key, value in plan.build_args.items():
+        if "\n" in value or "=" in key:
+            raise ValueError(f"build arg {key!r} cannot be passed as a line")
+    return "".join(f"{k}={v}\n" for k, v in plan.build_args.items())
+
+
+def _meta(name: str, names: BuildNames, labels: dict) -> dict:
+    return {"name": name, "namespace": names.namespace, "labels": dict(labels)}
+
+
+def context_configmap(names: BuildNames, labels: dict, context_files: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(names.context_configmap, names, labels),
+            "data": dict(sorted(context_files.items()))}
+
+
+def job_configmap(names: BuildNames, labels: dict, plan: EnginePlan,
+                  job_files: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(names.job_configmap, names, labels),
+            "data": {**dict(sorted(job_files.items())), BUILD_ARGS_KEY: build_args_text(plan)}}
+
+
+def result_configmap(names: BuildNames, labels: dict, plan: EnginePlan) -> dict:
+    """Created empty by Pulumi (so the Job's Role can be limited to this one name);
+    the Job fills it, Pulumi ignores changes to its data and reads it back."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {**_meta(names.result_configmap, names, labels),
+                         "annotations": {"k3infra.dev/engine-image": plan.tagged_ref or ""}},
+            "data": {}}
+
+
+def service_account(names: BuildNames, labels: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _meta(names.service_account, names, labels),
+            "automountServiceAccountToken": False}
+
+
+def role(names: BuildNames, labels: dict) -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(names.role, names, labels),
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                       "resourceNames": [names.result_configmap], "verbs": ["get", "patch"]}]}
+
+
+def role_binding(names: BuildNames, labels: dict) -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _meta(names.role, names, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": names.role},
+            "subjects": [{"kind": "ServiceAccount", "name": names.service_account,
+                          "namespace": names.namespace}]}
+
+
+def buildkit_context(cfg: StackConfig) -> str:
+    """`local` (the context ConfigMap) or a pinned remote Git context for BuildKit."""
+    eng = cfg.engine
+    if eng.context == "git":
+        return f"{eng.git_url}#{eng.git_revision}:images"
+    return "local"
+
+
+def off_gpu_affinity() -> dict:
+    """Builds need no GPU: keep them off GPU nodes, which the serving pods need."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": placement.GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}]}]}}}
+
+
+def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dict) -> dict:
+    """The build Job: init container `build` (rootless BuildKit, both passes), then
+    container `report` (writes the result ConfigMap). No retries: a failed multi-hour
+    build is fixed and re-run (`pulumi up --replace`), not repeated blindly."""
+    eng = cfg.engine
+    context = buildkit_context(cfg)
+    build_env = [
+        # Rootless BuildKit in an unprivileged pod (BuildKit's own Kubernetes example).
+        {"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox"},
+        {"name": "DOCKER_CONFIG", "value": f"{BUILDKIT_HOME}/.docker"},
+        {"name": "K3_CONTEXT", "value": context},
+        {"name": "K3_IMAGE", "value": plan.tagged_ref},
+        {"name": "K3_CACHE", "value": plan.cache_ref},
+        {"name": "K3_BUILD_ARGS_FILE", "value": f"{JOB_DIR}/{BUILD_ARGS_KEY}"},
+        {"name": "K3_OUT", "value": OUT_DIR},
+        {"name": "K3_SCCACHE", "value": "1" if eng.sccache_secret else "0"},
+    ]
+    build_mounts = [
+        {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+        {"name": "out", "mountPath": OUT_DIR},
+        {"name": "buildkitd", "mountPath": f"{BUILDKIT_HOME}/.local/share/buildkit"},
+        {"name": "registry-auth", "mountPath": f"{BUILDKIT_HOME}/.docker", "readOnly": True},
+    ]
+    volumes = [
+        {"name": "job", "configMap": {"name": names.job_configmap, "defaultMode": 0o555}},
+        {"name": "out", "emptyDir": {"sizeLimit": "20Gi"}},
+        # BuildKit's state (layers, pass 1 cache reused by pass 2) on the node's disk.
+        {"name": "buildkitd", "emptyDir": {"sizeLimit": f"{eng.build_disk_gi}Gi"}},
+        {"name": "registry-auth", "secret": {
+            "secretName": eng.registry_secret, "defaultMode": 0o440,
+            "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}},
+        {"name": "token", "projected": {"defaultMode": 0o440, "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+            {"configMap": {"name": "kube-root-ca.crt",
+                           "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+    ]
+    if context == "local":
+        build_mounts.append({"name": "context", "mountPath": CONTEXT_DIR, "readOnly": True})
+        volumes.append({"name": "context", "configMap": {"name": names.context_configmap}})
+    if eng.sccache_secret:
+        build_mounts.append({"name": "sccache", "mountPath": SCCACHE_DIR, "readOnly": True})
+        volumes.append({"name": "sccache", "secret": {"secretName": eng.sccache_secret,
+                                                       "defaultMode": 0o440,
+                                                       "items": [{"key": "env", "path": "env"}]}})
+    mem = f"{eng.build_memory_gi}Gi"
+    build = {
+        "name": "build",
+        "image": eng.buildkit_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/sh", f"{JOB_DIR}/build.sh"],
+        "env": build_env,
+        "resources": {
+            "requests": {"cpu": str(eng.build_cpu), "memory": mem,
+                         "ephemeral-storage": f"{eng.build_disk_gi}Gi"},
+            # The memory limit is what MAX_JOBS was sized for; CPU is not capped.
+            "limits": {"memory": mem, "ephemeral-storage": f"{eng.build_disk_gi + 20}Gi"},
+        },
+        # Rootless BuildKit creates user namespaces and mounts inside them: seccomp and
+        # AppArmor must be unconfined and the setuid newuidmap needs privilege
+        # escalation (BuildKit's examples/kubernetes/job.rootless.yaml). It never runs
+        # as root and holds no extra capability.
+        "securityContext": {
+            "runAsUser": BUILDKIT_UID, "runAsGroup": BUILDKIT_UID, "runAsNonRoot": True,
+            "seccompProfile": {"type": "Unconfined"},
+            "appArmorProfile": {"type": "Unconfined"},
+        },
+        "volumeMounts": build_mounts,
+    }
+    report = {
+        "name": "report",
+        "image": eng.reporter_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", f"{JOB_DIR}/report.py"],
+        "env": [
+            {"name": "K3_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "K3_RESULT_CONFIGMAP", "value": names.result_configmap},
+            {"name": "K3_REPOSITORY", "value": plan.repository},
+            {"name": "K3_OUT", "value": OUT_DIR},
+            {"name": "K3_TOKEN_DIR", "value": TOKEN_DIR},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                      "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "runAsUser": BUILDKIT_UID, "runAsGroup": BUILDKIT_UID, "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+            {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
+            {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+    }
+    pod_spec = {
+        "serviceAccountName": names.service_account,
+        # Only the report container gets a token (the projected volume), not BuildKit.
+        "automountServiceAccountToken": False,
+        "restartPolicy": "Never",
+        "securityContext": {"fsGroup": BUILDKIT_UID},
+        "affinity": off_gpu_affinity(),
+        "initContainers": [build],
+        "containers": [report],
+        "volumes": volumes,
+    }
+    if eng.build_node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(eng.build_node_selector.items()))
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {**_meta(names.job, names, labels),
+                     "annotations": {"k3infra.dev/engine-image": plan.tagged_ref or "",
+                                     "k3infra.dev/engine-commit": plan.engine_commit or "",
+                                     "k3infra.dev/engine-version": plan.engine_version or ""}},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": eng.build_timeout_minutes * 60,
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }
+
+
+def build_manifests(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dict,
+                    context_files: dict[str, str], job_files: dict[str, str]) -> dict[str, dict]:
+    """Every object of an in-cluster build, keyed by role, in apply order."""
+    objs = {"service-account": service_account(names, labels), "role": role(names, labels),
+            "role-binding": role_binding(names, labels),
+            "job-files": job_configmap(names, labels, plan, job_files),
+            "result": result_configmap(names, labels, plan)}
+    if cfg.engine.context == "configmap":
+        objs["context"] = context_configmap(names, labels, context_files)
+    objs["job"] = build_job(plan, cfg, names, labels)
+    return objs
+
+
+def job_timeout_minutes(cfg: StackConfig, margin: Optional[int] = 15) -> int:
+    """Pulumi's wait for the Job: the Job's own deadline plus scheduling/pull margin."""
+    return cfg.engine.build_timeout_minutes + (margin or 0)

@@ -1,0 +1,76 @@
+#!/bin/sh
+# The engine build, inside the rootless BuildKit image (busybox sh, no JSON tools).
+#   pass 1: --target wheel-export -> $K3_OUT/wheel (the wheel + engine-wheel.{json,env})
+#   pass 2: --target runtime with WHEEL_SHA256 / ENGINE_COMMIT_FULL from pass 1 as
+#           labels -> pushed to $K3_IMAGE; BuildKit's metadata (the pushed digest) ->
+#           $K3_OUT/metadata.json for the report container.
+# Pass 2 reuses pass 1's layers from the local BuildKit state; both read the registry
+# cache at $K3_CACHE and pass 2 writes it (mode=max: every stage, the wheel included).
+set -eu
+
+: "${K3_CONTEXT:?local or a Git context}"
+: "${K3_IMAGE:?repository:tag to push}"
+: "${K3_CACHE:?registry cache ref}"
+: "${K3_BUILD_ARGS_FILE:?file of KEY=VALUE build args}"
+: "${K3_OUT:?output directory}"
+K3_CONTEXT_DIR="${K3_CONTEXT_DIR:-/k3/context}"
+K3_SCCACHE_ENV="${K3_SCCACHE_ENV:-/k3/sccache/env}"
+BUILDCTL="${BUILDCTL:-buildctl-daemonless.sh}"
+
+# Common options, collected in "$@" (the one array POSIX sh has).
+set -- --frontend dockerfile.v0
+if [ "$K3_CONTEXT" = "local" ]; then
+    set -- "$@" --local "context=$K3_CONTEXT_DIR" --local "dockerfile=$K3_CONTEXT_DIR"
+else
+    set -- "$@" --opt "context=$K3_CONTEXT"
+fi
+n=0
+while IFS= read -r line || [ -n "$line" ]; do
+    case "$line" in
+        ''|'#'*) continue ;;
+        *=*) set -- "$@" --opt "build-arg:$line"; n=$((n + 1)) ;;
+        *) echo "k3-engine: bad build-arg line: $line" >&2; exit 2 ;;
+    esac
+done < "$K3_BUILD_ARGS_FILE"
+if [ "$n" -eq 0 ]; then
+    echo "k3-engine: no build args in $K3_BUILD_ARGS_FILE" >&2
+    exit 2
+fi
+if [ "${K3_SCCACHE:-0}" = "1" ]; then
+    set -- "$@" --secret "id=sccache,src=$K3_SCCACHE_ENV"
+fi
+set -- "$@" --import-cache "type=registry,ref=$K3_CACHE"
+
+mkdir -p "$K3_OUT/wheel"
+t0=$(date +%s)
+echo "k3-engine: pass 1 (wheel) for $K3_IMAGE from $K3_CONTEXT"
+"$BUILDCTL" build "$@" --opt target=wheel-export \
+    --output "type=local,dest=$K3_OUT/wheel"
+t1=$(date +%s)
+echo "k3-engine: pass 1 took $((t1 - t0)) s"
+
+if [ ! -s "$K3_OUT/wheel/engine-wheel.env" ]; then
+    echo "k3-engine: pass 1 wrote no engine-wheel.env" >&2
+    exit 1
+fi
+WHEEL_SHA256=""
+ENGINE_COMMIT_FULL=""
+# shellcheck disable=SC1091  # written by pass 1 (k3_engine_build.py wheel-record)
+. "$K3_OUT/wheel/engine-wheel.env"
+case "$WHEEL_SHA256" in
+    *[!0-9a-f]*|'') echo "k3-engine: bad WHEEL_SHA256 '$WHEEL_SHA256'" >&2; exit 1 ;;
+esac
+if [ "${#WHEEL_SHA256}" -ne 64 ]; then
+    echo "k3-engine: WHEEL_SHA256 is not 64 hex characters" >&2
+    exit 1
+fi
+
+echo "k3-engine: pass 2 (runtime image) wheel sha256 $WHEEL_SHA256"
+"$BUILDCTL" build "$@" --opt target=runtime \
+    --opt "build-arg:WHEEL_SHA256=$WHEEL_SHA256" \
+    --opt "build-arg:ENGINE_COMMIT_FULL=$ENGINE_COMMIT_FULL" \
+    --output "type=image,name=$K3_IMAGE,push=true" \
+    --export-cache "type=registry,ref=$K3_CACHE,mode=max,ignore-error=true" \
+    --metadata-file "$K3_OUT/metadata.json"
+t2=$(date +%s)
+echo "k3-engine: pass 2 took $((t2 - t1)) s; total $((t2 - t0)) s"

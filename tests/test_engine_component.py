@@ -1,0 +1,287 @@
+"""EngineBuild under the Pulumi SDK mocks: each mode registers what it should and its
+`image` output is the digest the build reported (never a tag, never a guess)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import pulumi
+import pytest
+
+from k3infra.config import ConfigError, parse_stack_config
+from k3infra.engine import component as ec
+from k3infra.engine.plan import resolve_engine
+from k3infra.engine.result import EngineBuildError
+from k3infra.gates import OFFLINE_RENDER_ENV
+from k3infra.receipt import load_receipt
+
+from conftest import GOOD_REVISION, ROOT
+
+DIGEST = "sha256:" + "ab" * 32
+WHEEL = "cd" * 32
+FULL = None     # set from the receipt below (the commit's prefix + padding)
+REPO = "registry.example.com/k3/vllm"
+PREBUILT = f"registry.example.com/k3/vllm@sha256:{'12' * 32}"
+
+
+def full_commit() -> str:
+    short = load_receipt().engine.commit
+    return short + "0" * (40 - len(short))
+
+
+def config(**keys):
+    raw = {"weightsRevision": GOOD_REVISION, "apiKey": "k", **keys}
+    return parse_stack_config(raw)
+
+
+def in_cluster(**engine):
+    return config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push",
+                          **engine})
+
+
+class Recorder(pulumi.runtime.Mocks):
+    """Records registrations; plays the build: the result ConfigMap read returns what
+    the Job's report container would have written, docker-build returns a digest."""
+
+    def __init__(self, result_data=None, image_digest=DIGEST):
+        self.resources = []
+        self.result_data = result_data
+        self.image_digest = image_digest
+
+    def new_resource(self, args):
+        if args.typ != "pulumi:pulumi:Stack":
+            self.resources.append(args)
+        outputs = dict(args.inputs)
+        if args.typ == "kubernetes:core/v1:ConfigMap" and args.resource_id:
+            outputs = {"data": self.result_data}
+        if args.typ == "docker-build:index:Image":
+            outputs["digest"] = self.image_digest if args.inputs.get("push") else ""
+            outputs["contextHash"] = "h" * 8
+        return f"{args.name}-id", outputs
+
+    def call(self, args):
+        return {}
+
+    def of_type(self, typ):
+        return [r for r in self.resources if r.typ == typ]
+
+
+def run(build, mocks):
+    """Run `build()` (which creates the component) the way the Pulumi runtime runs a
+    program under mocks, then resolve the component's outputs."""
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    loop = asyncio.new_event_loop()
+    # A refused result fails every Output derived from it; the ones nobody awaited
+    # would be reported again when collected.
+    loop.set_exception_handler(
+        lambda lp, ctx: None if "never retrieved" in ctx.get("message", "")
+        else lp.default_exception_handler(ctx))
+    asyncio.set_event_loop(loop)
+    made = {}
+    try:
+        pulumi.runtime.set_mocks(mocks, project="k3", stack="test", preview=False)
+        _sync_await(run_pulumi_func(lambda: made.setdefault("c", build())))
+        comp = made["c"]
+        outs = pulumi.Output.all(comp.image, comp.image_digest, comp.engine_commit,
+                                 comp.wheel_sha256, comp.profile_label)
+        return comp, _sync_await(outs.future())
+    finally:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
+        asyncio.set_event_loop(None)
+
+
+def result_data(**over):
+    r = load_receipt()
+    data = {"digest": DIGEST, "image": f"{REPO}@{DIGEST}", "wheelSha256": WHEEL,
+            "engineCommit": full_commit(), "vllmVersion": r.engine.version}
+    data.update(over)
+    return data
+
+
+def test_prebuilt_passes_the_digest_through_and_creates_nothing():
+    mocks = Recorder()
+    cfg = config(engineImage=PREBUILT)
+    comp, (image, digest, commit, wheel, label) = run(
+        lambda: ec.EngineBuild("engine", {"config": cfg}), mocks)
+    assert image == PREBUILT
+    assert digest == "sha256:" + "12" * 32
+    assert commit == load_receipt().engine.commit
+    assert wheel is None
+    assert label.startswith("measured:")
+    assert [r.typ for r in mocks.resources] == ["k3infra:index:EngineBuild"]
+
+
+def test_prebuilt_carries_a_declared_wheel_hash():
+    cfg = config(engineImage=PREBUILT, engine={"build": "prebuilt", "wheelSha256": WHEEL})
+    _, (_, _, _, wheel, _) = run(lambda: ec.EngineBuild("engine", {"config": cfg}), Recorder())
+    assert wheel == WHEEL
+
+
+def test_upstream_is_labelled_not_measured_and_has_no_engine_commit():
+    cfg = config(profile="upstream", engineImage=PREBUILT,
+                 engine={"build": "prebuilt", "upstreamVersion": "0.33.1"})
+    comp, (image, _, commit, _, label) = run(lambda: ec.EngineBuild("engine", {"config": cfg}),
+                                             Recorder())
+    assert image == PREBUILT
+    assert commit is None
+    assert "not the measured engine" in label and "0.33.1" in label
+    assert comp.plan.measured is False
+
+
+def test_in_cluster_image_is_the_digest_the_job_reported():
+    mocks = Recorder(result_data=result_data())
+    comp, (image, digest, commit, wheel, _) = run(
+        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        mocks)
+    assert image == f"{REPO}@{DIGEST}"
+    assert digest == DIGEST
+    assert commit == full_commit()
+    assert wheel == WHEEL
+    jobs = mocks.of_type("kubernetes:batch/v1:Job")
+    assert len(jobs) == 1
+    job = jobs[0].inputs
+    build = job["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"]: e.get("value") for e in build["env"]}
+    assert env["K3_IMAGE"] == f"{REPO}:vllm-{load_receipt().engine.commit}-cu130"
+    # The read of the result ConfigMap is ordered after the Job.
+    reads = [r for r in mocks.of_type("kubernetes:core/v1:ConfigMap") if r.resource_id]
+    assert len(reads) == 1
+    assert reads[0].resource_id.endswith(job["metadata"]["name"].replace("engine-build",
+                                                                         "engine-result"))
+
+
+def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
+    mocks = Recorder(result_data=result_data())
+    run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        mocks)
+    kinds = Counter(r.typ.split(":")[-1] for r in mocks.resources if r.typ.startswith("kubernetes:"))
+    # job files, context, result (created) + the result read
+    assert kinds == {"ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "ConfigMap": 4, "Job": 1}
+    context = next(r for r in mocks.resources if r.name == "engine-context")
+    assert set(context.inputs["data"]) == set(ec.RECIPE_FILES)
+    assert context.inputs["data"]["Dockerfile"] == (ROOT / "images" / "Dockerfile").read_text()
+
+
+def test_in_cluster_git_context_uploads_no_recipe():
+    cfg = in_cluster(context="git", gitUrl="https://git.example.com/k3infra.git",
+                     gitRevision="1" * 40)
+    mocks = Recorder(result_data=result_data())
+    run(lambda: ec.EngineBuild("engine", {"config": cfg}), mocks)
+    assert not [r for r in mocks.resources if r.name == "engine-context"]
+    job = mocks.of_type("kubernetes:batch/v1:Job")[0].inputs
+    env = {e["name"]: e.get("value")
+           for e in job["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+    assert env["K3_CONTEXT"] == f"https://git.example.com/k3infra.git#{'1' * 40}:images"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"digest": ""}, "no image digest"),
+    ({"image": f"other.example.com/x@{DIGEST}"}, "is not registry.example.com/k3/vllm@"),
+    ({"engineCommit": "f" * 40}, "starting with the receipt's"),
+    ({"vllmVersion": "0.33.0"}, "is not the receipt's"),
+    ({"wheelSha256": "xyz"}, "no wheel sha256"),
+])
+def test_in_cluster_refuses_a_result_that_does_not_match_the_plan(bad, message):
+    mocks = Recorder(result_data=result_data(**bad))
+    with pytest.raises(Exception) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+                                              "recipeDir": str(ROOT / "images")}), mocks)
+    assert message in str(err.value)
+
+
+def test_in_cluster_offline_render_shows_a_labelled_placeholder(monkeypatch):
+    monkeypatch.setenv(OFFLINE_RENDER_ENV, "1")
+    mocks = Recorder(result_data=None)
+    _, (image, digest, _, wheel, _) = run(
+        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        mocks)
+    assert image == f"{REPO}@{ec.PLACEHOLDER_DIGEST}"
+    assert wheel is None
+
+
+def test_in_cluster_without_a_result_outside_a_render_is_an_error(monkeypatch):
+    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    with pytest.raises(Exception) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+                                              "recipeDir": str(ROOT / "images")}),
+            Recorder(result_data=None))
+    assert "no image digest" in str(err.value)
+
+
+def local_cfg():
+    return config(engine={"build": "local", "registry": REPO})
+
+
+def write_record(export_root: Path, plan, sha=WHEEL, commit=None):
+    from k3infra.engine.manifests import recipe_hash
+
+    d = export_root / f"wheel-{recipe_hash(plan, ec.recipe_files(ROOT / 'images'))}"
+    d.mkdir(parents=True)
+    r = load_receipt()
+    (d / "engine-wheel.json").write_text(json.dumps({
+        "wheel": "vllm.whl", "sha256": sha, "version": r.engine.version,
+        "engine_commit": commit or full_commit()}))
+    return d
+
+
+def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
+    cfg = local_cfg()
+    plan = resolve_engine(load_receipt(), cfg)
+    export = write_record(tmp_path, plan)
+    mocks = Recorder()
+    comp, (image, digest, commit, wheel, _) = run(
+        lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+                                          "exportDir": str(tmp_path)}), mocks)
+    images = mocks.of_type("docker-build:index:Image")
+    assert [i.inputs["target"] for i in images] == ["wheel-export", "runtime"]
+    wheel_pass, runtime_pass = (i.inputs for i in images)
+    assert wheel_pass["push"] is False
+    assert wheel_pass["exports"] == [{"local": {"dest": str(export)}}]
+    assert wheel_pass["buildArgs"] == plan.build_args
+    assert runtime_pass["push"] is True
+    assert runtime_pass["tags"] == [plan.tagged_ref]
+    assert runtime_pass["buildArgs"] == {**plan.build_args, "WHEEL_SHA256": WHEEL,
+                                         "ENGINE_COMMIT_FULL": full_commit()}
+    assert runtime_pass["cacheTo"][0]["registry"]["ref"] == f"{REPO}:buildcache"
+    assert runtime_pass["cacheTo"][0]["registry"]["mode"] == "max"
+    assert image == f"{REPO}@{DIGEST}" and digest == DIGEST
+    assert wheel == WHEEL and commit == full_commit()
+
+
+def test_local_without_pass_one_record_is_an_error(tmp_path):
+    with pytest.raises(Exception) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": local_cfg(),
+                                              "recipeDir": str(ROOT / "images"),
+                                              "exportDir": str(tmp_path)}), Recorder())
+    assert "engine-wheel.json is missing" in str(err.value)
+
+
+def test_local_refuses_a_record_of_another_commit(tmp_path):
+    cfg = local_cfg()
+    write_record(tmp_path, resolve_engine(load_receipt(), cfg), commit="e" * 40)
+    with pytest.raises(Exception) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+                                              "exportDir": str(tmp_path)}), Recorder())
+    assert "starting with the receipt's" in str(err.value)
+
+
+def test_bad_engine_config_fails_before_any_registration():
+    mocks = Recorder()
+    cfg = config(engine={"build": "in-cluster", "registry": REPO})
+    with pytest.raises(ConfigError) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": cfg}), mocks)
+    assert err.value.key == "k3:engine.registrySecret"
+    assert mocks.resources == []
+
+
+def test_missing_recipe_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(EngineBuildError, match="no images/Dockerfile"):
+        ec.find_recipe_dir(str(tmp_path))
