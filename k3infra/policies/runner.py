@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from inspect import isawaitable
 from pathlib import Path
@@ -175,24 +176,20 @@ def _display(resource_type: str, name: str) -> str:
 
 # --- running ----------------------------------------------------------------------------
 
-class _StackConfig:
-    """Load the plan's `k3:*` config into pulumi.runtime for the run, then restore it."""
+@contextmanager
+def loaded_stack_config(config: Mapping[str, Any]) -> Iterator[None]:
+    """The plan's `k3:*` config in pulumi.runtime (as PULUMI_CONFIG puts it there in the
+    analyzer process) for the duration, the previous config restored after."""
+    from pulumi.runtime import config as runtime_config
 
-    def __init__(self, config: Mapping[str, Any]):
-        from k3infra.config import to_pulumi_config
+    from k3infra.config import to_pulumi_config
 
-        self.wire = to_pulumi_config(dict(config))
-
-    def __enter__(self) -> None:
-        from pulumi.runtime import config as runtime_config
-
-        self.saved = dict(runtime_config.CONFIG.get())
-        runtime_config.set_all_config(self.wire)
-
-    def __exit__(self, *exc: object) -> None:
-        from pulumi.runtime import config as runtime_config
-
-        runtime_config.set_all_config(self.saved)
+    saved = dict(runtime_config.CONFIG.get())
+    runtime_config.set_all_config(to_pulumi_config(dict(config)))
+    try:
+        yield
+    finally:
+        runtime_config.set_all_config(saved)
 
 
 def _call(policy: Policy, args: Any, report: Any) -> None:
@@ -243,7 +240,7 @@ def check_plan(plan: Mapping[str, Any], policies: Optional[Iterable[Policy]] = N
             raise PolicyRunError(f"policy {policy.name} failed on {shown}: "
                                  f"{type(exc).__name__}: {exc}") from exc
 
-    with _StackConfig(plan.get("config") or {}):
+    with loaded_stack_config(plan.get("config") or {}):
         stack_resources = policy_resources(plan)
         for policy in policies:
             s = settings[policy.name]

@@ -1,0 +1,373 @@
+"""A corpus of deliberately broken variants of a rendered plan, each one the kind of
+mistake (or shortcut) the named policy exists to refuse. Each variant mutates a deep copy
+of a real render's plan.json resources; nothing here is a hand-written manifest except
+the objects a variant injects."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+from k3infra.receipt import load_receipt
+
+R = load_receipt()
+OTHER_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+# --- navigating a plan ---------------------------------------------------------------------
+
+def resources(plan: dict, kind: str) -> list[dict]:
+    return [r for r in plan["resources"] if r["type"].rsplit(":", 1)[-1] == kind]
+
+
+def inputs(plan: dict, kind: str) -> dict:
+    found = resources(plan, kind)
+    assert found, f"plan has no {kind}"
+    return found[0]["inputs"]
+
+
+def serving(plan: dict) -> dict:
+    return inputs(plan, "StatefulSet")
+
+
+def pod_spec(plan: dict, kind: str = "StatefulSet") -> dict:
+    return inputs(plan, kind)["spec"]["template"]["spec"]
+
+
+def prefetch(plan: dict) -> dict:
+    """The weights prefetch Job (the Job whose containers carry K3_TREE)."""
+    for r in resources(plan, "Job"):
+        spec = r["inputs"]["spec"]["template"]["spec"]
+        if any(e["name"] == "K3_TREE" for c in spec["containers"] for e in c.get("env", [])):
+            return r
+    raise AssertionError("plan has no prefetch Job")
+
+
+def vllm(plan: dict) -> dict:
+    return next(c for c in pod_spec(plan)["containers"] if c["name"] == "vllm")
+
+
+def gate(plan: dict) -> dict:
+    return pod_spec(plan)["initContainers"][0]
+
+
+def set_env(container: dict, name: str, value: str | None) -> None:
+    """Set (or, with None, delete) a literal env var, keeping its position."""
+    env = container.setdefault("env", [])
+    for i, e in enumerate(env):
+        if e["name"] == name:
+            if value is None:
+                del env[i]
+            else:
+                env[i] = {"name": name, "value": value}
+            return
+    if value is not None:
+        env.append({"name": name, "value": value})
+
+
+def env_of(container: dict, name: str):
+    return next((e.get("value") for e in container.get("env", []) if e["name"] == name), None)
+
+
+def replace_arg(container: dict, flag: str, value: str) -> None:
+    args = container["args"]
+    args[args.index(flag) + 1] = value
+
+
+def drop_resources(plan: dict, kind: str) -> None:
+    plan["resources"] = [r for r in plan["resources"] if r["type"].rsplit(":", 1)[-1] != kind]
+
+
+def affinity_values(plan: dict, products: list[str]) -> None:
+    terms = pod_spec(plan)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for term in terms:
+        for expr in term["matchExpressions"]:
+            if expr["key"] == "nvidia.com/gpu.product":
+                expr["values"] = products
+
+
+# --- the corpus ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Variant:
+    id: str
+    policy: str            # the policy that must catch it (mandatory)
+    mutate: Callable[[dict], None]
+
+    def apply(self, plan: dict) -> dict:
+        broken = copy.deepcopy(plan)
+        self.mutate(broken)
+        assert broken != plan, f"variant {self.id} changed nothing"
+        return broken
+
+
+CORPUS: list[Variant] = []
+
+
+def variant(policy: str):
+    def register(fn: Callable[[dict], None]) -> Callable[[dict], None]:
+        CORPUS.append(Variant(fn.__name__, policy, fn))
+        return fn
+    return register
+
+
+def _engine_arg(flag: str):
+    return next(a for a in R.serve.engine_args if a.flag == flag)
+
+
+@variant("k3-serve-flags")
+def shorter_context(plan):
+    replace_arg(vllm(plan), "--max-model-len", str(int(_engine_arg("--max-model-len").value) // 2))
+
+
+@variant("k3-serve-flags")
+def custom_all_reduce_back_on(plan):
+    vllm(plan)["args"].remove("--disable-custom-all-reduce")
+
+
+@variant("k3-serve-flags")
+def engine_flags_reordered(plan):
+    engine = [a for a in R.serve.engine_args]
+    args = vllm(plan)["args"]
+    first, last = engine[0].tokens(), engine[-1].tokens()
+    i, j = args.index(first[0]), args.index(last[0])
+    args[j:j + len(last)] = first
+    args[i:i + len(first)] = last
+
+
+@variant("k3-serve-flags")
+def unlisted_engine_flag(plan):
+    vllm(plan)["args"].append("--enforce-eager")
+
+
+@variant("k3-serve-flags")
+def allocator_env_changed(plan):
+    name = R.serve.engine_env[0].name
+    set_env(vllm(plan), name, "expandable_segments:False")
+
+
+@variant("k3-serve-flags")
+def engine_env_injected(plan):
+    set_env(vllm(plan), "VLLM_ATTENTION_BACKEND", "FLASHINFER")
+
+
+@variant("k3-serve-flags")
+def relabelled_custom_to_dodge(plan):
+    # The pod claims profile custom while the stack config says measured: still mandatory.
+    serving(plan)["spec"]["template"]["metadata"]["annotations"]["k3infra.dev/profile"] = "custom"
+    vllm(plan)["args"].append("--enforce-eager")
+
+
+@variant("k3-image-digest")
+def engine_image_by_tag(plan):
+    vllm(plan)["image"] = "vllm/vllm-openai:v0.33.0"
+
+
+@variant("k3-image-digest")
+def latest_tag_with_digest(plan):
+    name, digest = vllm(plan)["image"].split("@")
+    vllm(plan)["image"] = f"{name}:latest@{digest}"
+
+
+@variant("k3-image-digest")
+def prefetch_image_untagged(plan):
+    prefetch(plan)["inputs"]["spec"]["template"]["spec"]["containers"][0]["image"] = "python"
+
+
+@variant("k3-weights-revision")
+def revision_is_a_branch(plan):
+    set_env(prefetch(plan)["inputs"]["spec"]["template"]["spec"]["containers"][0],
+            "K3_REVISION", "main")
+
+
+@variant("k3-weights-revision")
+def server_serves_another_revision(plan):
+    args = vllm(plan)["args"]
+    args[0] = args[0].rsplit("/", 1)[0] + "/" + OTHER_REVISION
+
+
+@variant("k3-tree-digest")
+def gate_expects_another_digest(plan):
+    set_env(gate(plan), "K3_EXPECT_TREE_DIGEST", "sha256:" + "ab" * 32)
+
+
+@variant("k3-tree-digest")
+def prefetch_skips_digest_check(plan):
+    set_env(prefetch(plan)["inputs"]["spec"]["template"]["spec"]["containers"][0],
+            "K3_EXPECT_TREE_DIGEST", None)
+
+
+@variant("k3-tree-digest")
+def annotation_digest_altered(plan):
+    serving(plan)["spec"]["template"]["metadata"]["annotations"]["k3infra.dev/tree-digest"] = (
+        "sha256:" + "cd" * 32)
+
+
+@variant("k3-receipt-annotations")
+def claims_another_receipt(plan):
+    serving(plan)["spec"]["template"]["metadata"]["annotations"]["k3infra.dev/receipt"] = (
+        "someone-elses-run")
+
+
+@variant("k3-gpu-count")
+def half_the_gpus(plan):
+    vllm(plan)["resources"]["limits"]["nvidia.com/gpu"] = str(R.measured_gpu.gpus_per_node // 2)
+
+
+@variant("k3-gpu-count")
+def gpus_not_requested(plan):
+    del vllm(plan)["resources"]["requests"]["nvidia.com/gpu"]
+
+
+@variant("k3-gpu-product")
+def any_gpu_node(plan):
+    del pod_spec(plan)["affinity"]["nodeAffinity"]
+
+
+@variant("k3-gpu-product")
+def b200_allowed_too(plan):
+    affinity_values(plan, [R.hardware.gpu_product_label, "NVIDIA-B200"])
+
+
+@variant("k3-hbm-fit")
+def placed_on_b200(plan):
+    affinity_values(plan, ["NVIDIA-B200"])
+
+
+@variant("k3-hbm-fit")
+def placed_on_gb300(plan):
+    affinity_values(plan, ["NVIDIA-GB300"])
+
+
+@variant("k3-dev-shm")
+def shm_on_disk(plan):
+    vol = next(v for v in pod_spec(plan)["volumes"] if v["name"] == "dshm")
+    vol["emptyDir"].pop("medium")
+
+
+@variant("k3-dev-shm")
+def shm_not_mounted(plan):
+    c = vllm(plan)
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/dev/shm"]
+
+
+@variant("k3-startup-budget")
+def probe_gives_up_early(plan):
+    vllm(plan)["startupProbe"]["failureThreshold"] = 30
+
+
+@variant("k3-startup-budget")
+def engine_ready_timeout_default(plan):
+    set_env(vllm(plan), "VLLM_ENGINE_READY_TIMEOUT_S", "600")
+
+
+@variant("k3-startup-budget")
+def no_startup_probe(plan):
+    del vllm(plan)["startupProbe"]
+
+
+@variant("k3-serving-gate")
+def serving_does_not_wait(plan):
+    sts = resources(plan, "StatefulSet")[0]
+    job = prefetch(plan)["urn"]
+    sts["dependsOn"] = [d for d in sts["dependsOn"] if d != job]
+
+
+@variant("k3-serving-gate")
+def no_gate_init_container(plan):
+    del pod_spec(plan)["initContainers"]
+
+
+@variant("k3-serving-gate")
+def prefetch_not_awaited(plan):
+    meta = prefetch(plan)["inputs"]["metadata"]
+    meta.setdefault("annotations", {})["pulumi.com/skipAwait"] = "true"
+
+
+@variant("k3-serving-gate")
+def gate_as_sidecar(plan):
+    gate(plan)["restartPolicy"] = "Always"
+
+
+@variant("k3-no-literal-secrets")
+def api_key_inline(plan):
+    c = vllm(plan)
+    c["env"] = [e for e in c["env"] if e["name"] != "VLLM_API_KEY"]
+    c["env"].append({"name": "VLLM_API_KEY", "value": "correct-horse-battery-staple"})
+
+
+@variant("k3-no-literal-secrets")
+def hf_token_inline(plan):
+    set_env(prefetch(plan)["inputs"]["spec"]["template"]["spec"]["containers"][0],
+            "HF_TOKEN", "hf_" + "aB3dE5fG7h" * 4)
+
+
+@variant("k3-no-literal-secrets")
+def hf_token_in_configmap(plan):
+    inputs(plan, "ConfigMap")["data"]["token.txt"] = "hf_" + "Zy9Xw8Vu7T" * 4
+
+
+@variant("k3-pod-sandbox")
+def privileged_server(plan):
+    vllm(plan)["securityContext"]["privileged"] = True
+
+
+@variant("k3-pod-sandbox")
+def host_network(plan):
+    pod_spec(plan)["hostNetwork"] = True
+
+
+@variant("k3-pod-sandbox")
+def ipc_lock_capability(plan):
+    vllm(plan)["securityContext"]["capabilities"]["add"] = ["IPC_LOCK", "SYS_ADMIN"]
+
+
+@variant("k3-pod-sandbox")
+def host_ipc_on_prefetch(plan):
+    prefetch(plan)["inputs"]["spec"]["template"]["spec"]["hostIPC"] = True
+
+
+@variant("k3-host-path")
+def docker_socket(plan):
+    spec = prefetch(plan)["inputs"]["spec"]["template"]["spec"]
+    spec["volumes"].append({"name": "docker", "hostPath": {"path": "/var/run/docker.sock"}})
+
+
+@variant("k3-host-path")
+def weights_on_host_in_shared_mode(plan):
+    vol = next(v for v in pod_spec(plan)["volumes"] if v["name"] == "weights")
+    vol.pop("persistentVolumeClaim", None)
+    vol["hostPath"] = {"path": "/", "type": "Directory"}
+
+
+@variant("k3-resources")
+def unbounded_prefetch(plan):
+    del prefetch(plan)["inputs"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+@variant("k3-resources")
+def gate_without_requests(plan):
+    del gate(plan)["resources"]["requests"]
+
+
+@variant("k3-network-policy")
+def no_network_policy(plan):
+    drop_resources(plan, "NetworkPolicy")
+
+
+@variant("k3-network-policy")
+def network_policy_allows_all(plan):
+    for r in resources(plan, "NetworkPolicy"):
+        r["inputs"]["spec"]["ingress"] = [{}]
+
+
+@variant("k3-disruption-budget")
+def no_disruption_budget(plan):
+    drop_resources(plan, "PodDisruptionBudget")
+
+
+@variant("k3-disruption-budget")
+def budget_selects_nothing(plan):
+    inputs(plan, "PodDisruptionBudget")["spec"]["selector"] = {
+        "matchLabels": {"app.kubernetes.io/name": "not-k3"}}
