@@ -89,13 +89,18 @@ def test_no_source_means_no_ingress_rule_at_all():
 
 
 def test_benchmark_pods_are_let_in_only_when_the_benchmark_is_enabled():
-    def peers(c):
-        return n.serving_policy(c, NAMES, "k3")["spec"]["ingress"][0]["from"]
+    def pod_peers(r):
+        ingress = manifest(r, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"][0]["from"]
+        return [p["podSelector"] for p in ingress if set(p) == {"podSelector"}]
 
-    bench = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "k3",
-                                             "app.kubernetes.io/component": "benchmark"}}}
-    assert bench not in peers(cfg())
-    assert bench in peers(cfg(benchmark={"enabled": True}))
+    def bench_pod(r):
+        return next(x for x in r.manifests() if x["kind"] == "Job" and x["spec"]["template"]
+                    ["metadata"]["labels"]["app.kubernetes.io/component"] == "benchmark"
+                    )["spec"]["template"]["metadata"]["labels"]
+
+    assert pod_peers(render("existing", PIN)) == []
+    r = render("existing", PIN, 'benchmark={"enabled": true}')
+    assert [matches(p, bench_pod(r)) for p in pod_peers(r)] == [True]
 
 
 def test_serving_egress_is_dns_only_in_shared_mode():
@@ -145,3 +150,33 @@ def test_bad_network_settings_are_refused_naming_the_key(network, key):
     with pytest.raises(ConfigError) as exc:
         cfg(network=network)
     assert exc.value.key == key
+
+
+def test_benchmark_pods_get_policies_only_when_the_benchmark_is_enabled():
+    assert [p["metadata"]["name"] for p in n.network_policies(cfg(), NAMES, "k3")] == \
+        ["kimi-k3-serving", "kimi-k3-weights-prefetch"]
+    r = render("existing", PIN, 'benchmark={"enabled": true}')
+    job = next(x for x in r.manifests() if x["kind"] == "Job"
+               and x["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+               == "benchmark")
+    bench = manifest(r, "NetworkPolicy", "kimi-k3-benchmark")["spec"]
+    assert matches(bench["podSelector"], job["spec"]["template"]["metadata"]["labels"])
+    assert bench["ingress"] == []
+    dns, to_serving = bench["egress"]
+    assert dns == n.dns_egress(cfg())
+    sts_pod = manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    (peer,) = to_serving["to"]
+    assert matches(peer["podSelector"], sts_pod)
+    assert to_serving["ports"] == [{"port": 8000, "protocol": "TCP"}]
+
+
+def test_the_bench_reader_pod_gets_no_network_at_all():
+    from k3infra.bench import manifests as b
+
+    pod = b.reader_pod("kimi-k3-bench-reader", "k3", "kimi-k3-bench-results",
+                       "img@sha256:" + "1" * 64, {})
+    r = render("existing", PIN, 'benchmark={"enabled": true}')
+    reader = manifest(r, "NetworkPolicy", "kimi-k3-benchmark-reader")["spec"]
+    assert matches(reader["podSelector"], pod["metadata"]["labels"])
+    assert reader["ingress"] == [] and reader["egress"] == []
+    assert reader["policyTypes"] == ["Ingress", "Egress"]

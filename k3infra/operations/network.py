@@ -11,6 +11,11 @@ pod's gate init container fetches missing files (a policy applies to the whole p
 
 Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`).
 
+Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
+the serving pods' API port (its tokenizer comes from the weights directory, offline);
+the reader pod `k3infra bench fetch` starts streams through the exec API and needs no
+network at all.
+
 Kubelet probes and `kubectl port-forward` reach the pod from its own node and are not
 subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-native).
 """
@@ -18,17 +23,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3infra.bench.manifests import COMPONENT as BENCHMARK_COMPONENT
+from k3infra.bench.manifests import READER_COMPONENT as BENCHMARK_READER_COMPONENT
 from k3infra.config import StackConfig
 from k3infra.serving import manifests as m
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set by the API server on every namespace
 DNS_PORT = 53
 PREFETCH_COMPONENT = "weights-prefetch"
-BENCHMARK_COMPONENT = "benchmark"
 
 
 def policy_names(base: str) -> dict[str, str]:
-    return {"serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}"}
+    return {"serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}",
+            "benchmark": f"{base}-{BENCHMARK_COMPONENT}",
+            "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}"}
+
+
+def component_selector(instance: str, component: str) -> dict:
+    return {"matchLabels": {"app.kubernetes.io/name": m.APP,
+                            "app.kubernetes.io/instance": instance,
+                            "app.kubernetes.io/component": component}}
 
 
 def _namespace_peer(namespace: str, pod_labels: dict[str, str] | None = None) -> dict:
@@ -48,9 +62,7 @@ def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
     if net.scraper_namespace:
         peers.append(_namespace_peer(net.scraper_namespace, net.scraper_pod_labels))
     if cfg.benchmark.enabled:
-        peers.append({"podSelector": {"matchLabels": {
-            "app.kubernetes.io/instance": instance,
-            "app.kubernetes.io/component": BENCHMARK_COMPONENT}}})
+        peers.append({"podSelector": component_selector(instance, BENCHMARK_COMPONENT)})
     return peers
 
 
@@ -81,18 +93,38 @@ def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> di
                      "ingress": ingress, "egress": egress}}
 
 
-def prefetch_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+def _policy(name: str, names: m.ServingNames, instance: str, selector: dict,
+            egress: list[dict]) -> dict:
+    """A policy for one component's pods: no ingress, the given egress."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": policy_names(names.base)["prefetch"], "namespace": names.namespace,
+            "metadata": {"name": name, "namespace": names.namespace,
                          "labels": m.labels(instance, "network-policy")},
-            "spec": {"podSelector": {"matchLabels": {
-                         "app.kubernetes.io/name": m.APP,
-                         "app.kubernetes.io/instance": instance,
-                         "app.kubernetes.io/component": PREFETCH_COMPONENT}},
+            "spec": {"podSelector": selector,
                      "policyTypes": ["Ingress", "Egress"],
-                     "ingress": [],
-                     "egress": [dns_egress(cfg), hub_egress(cfg)]}}
+                     "ingress": [], "egress": egress}}
+
+
+def prefetch_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+    return _policy(policy_names(names.base)["prefetch"], names, instance,
+                   component_selector(instance, PREFETCH_COMPONENT),
+                   [dns_egress(cfg), hub_egress(cfg)])
+
+
+def benchmark_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
+    to_serving = {"to": [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+                  "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}
+    pols = policy_names(names.base)
+    # The reader pod is started by the CLI, labelled by part-of and component only.
+    reader = {"matchLabels": {"app.kubernetes.io/part-of": "k3infra",
+                              "app.kubernetes.io/component": BENCHMARK_READER_COMPONENT}}
+    return [_policy(pols["benchmark"], names, instance,
+                    component_selector(instance, BENCHMARK_COMPONENT),
+                    [dns_egress(cfg), to_serving]),
+            _policy(pols["benchmark-reader"], names, instance, reader, [])]
 
 
 def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
-    return [serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
+    out = [serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
+    if cfg.benchmark.enabled:
+        out += benchmark_policies(cfg, names, instance)
+    return out
