@@ -178,3 +178,17 @@ def test_command_line_reports_an_unreachable_range(tmp_path, capsys):
                  "--max-tokens", "600"])
     assert rc == 2
     assert "fewer than 500 tokens" in capsys.readouterr().err
+
+
+def test_k3infra_bench_prompts_uses_the_receipt_grid(tmp_path, receipt):
+    from k3infra.cli import main
+
+    rc = main(["bench", "prompts", "--tokenizer", ENCODING, "--corpus",
+               str(w.package_dir("pulumi")), "--out", str(tmp_path), "--run-id", "cli",
+               "--concurrencies", "8"])
+    assert rc == 0
+    meta = json.loads((tmp_path / "manifest.json").read_text())
+    wl = receipt.workload_a
+    assert [len(s["prompts"]) for s in meta["sets"]] == [wl.warmup_requests,
+                                                          wl.measured_requests]
+    assert meta["token_range"] == [wl.prompt_tokens_min, wl.prompt_tokens_max]
