@@ -1,0 +1,291 @@
+"""The in-cluster build: its manifests against real Kubernetes schemas (strict), its
+pod script run with a stand-in `buildctl-daemonless.sh`, and the report container's
+script against a loopback API server."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from k3infra.config import parse_stack_config
+from k3infra.engine import component as ec
+from k3infra.engine import manifests as em
+from k3infra.engine.plan import resolve_engine
+from k3infra.engine.pod import report
+from k3infra.placement import GPU_PRODUCT_LABEL
+
+from conftest import GOOD_REVISION, ROOT
+
+REPO = "registry.example.com/k3/vllm"
+K8S_VERSIONS = ["1.33.0", kubernetes_validate.utils.latest_version()]
+POD = ROOT / "k3infra" / "engine" / "pod"
+
+
+def cfg(**engine):
+    return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", "engine": {
+        "build": "in-cluster", "registry": REPO, "registrySecret": "push", **engine}})
+
+
+def objects(c=None, receipt=None):
+    from k3infra.receipt import load_receipt
+
+    c = c or cfg()
+    plan = resolve_engine(receipt or load_receipt(), c)
+    context = ec.recipe_files(ROOT / "images") if c.engine.context == "configmap" else {}
+    scripts = ec.job_files()
+    names = em.BuildNames("kimi-k3", "k3", em.build_hash(plan, c, context, scripts))
+    labels = {"app.kubernetes.io/name": "kimi-k3", "app.kubernetes.io/component": "engine-build"}
+    return plan, names, em.build_manifests(plan, c, names, labels, context, scripts)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("engine", [{}, {"context": "git", "gitUrl": "https://git.example.com/k.git",
+                                         "gitRevision": "a" * 40, "sccacheSecret": "sccache",
+                                         "buildNodeSelector": {"pool": "cpu-build"}}])
+def test_build_objects_validate_strictly(version, engine):
+    _, _, objs = objects(cfg(**engine))
+    for obj in objs.values():
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def job_spec(c=None):
+    plan, names, objs = objects(c)
+    return plan, names, objs["job"]
+
+
+def test_job_runs_rootless_buildkit_then_report_off_gpu_nodes():
+    plan, names, job = job_spec()
+    spec = job["spec"]["template"]["spec"]
+    (build,) = spec["initContainers"]
+    (rep,) = spec["containers"]
+    assert build["image"] == "moby/buildkit:v0.23.2-rootless"
+    assert build["command"] == ["/bin/sh", f"{em.JOB_DIR}/build.sh"]
+    assert build["securityContext"]["runAsNonRoot"] and build["securityContext"]["runAsUser"] == 1000
+    assert {"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox"} in build["env"]
+    assert rep["command"] == ["python3", f"{em.JOB_DIR}/report.py"]
+    assert rep["securityContext"]["readOnlyRootFilesystem"] is True
+    assert rep["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert job["spec"]["backoffLimit"] == 0
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}]
+    assert "nvidia.com/gpu" not in json.dumps(build["resources"])
+
+
+def test_job_resources_are_the_build_node_the_parallelism_was_sized_for():
+    c = cfg(buildCpu=48, buildMemoryGi=192)
+    plan, _, job = job_spec(c)
+    (build,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert build["resources"]["requests"]["cpu"] == "48"
+    assert build["resources"]["limits"]["memory"] == "192Gi"
+    assert plan.build_args["MAX_JOBS"] == str((192 - 8) // 5)
+
+
+def test_registry_credentials_come_from_the_secret_and_only_report_gets_a_token():
+    _, names, job = job_spec()
+    spec = job["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["registry-auth"]["secret"]["secretName"] == "push"
+    assert vols["registry-auth"]["secret"]["items"] == [{"key": ".dockerconfigjson",
+                                                         "path": "config.json"}]
+    assert spec["automountServiceAccountToken"] is False
+    build, rep = spec["initContainers"][0], spec["containers"][0]
+    assert "token" not in {m["name"] for m in build["volumeMounts"]}
+    assert {"name": "token", "mountPath": em.TOKEN_DIR, "readOnly": True} in rep["volumeMounts"]
+
+
+def test_role_may_only_write_this_builds_result():
+    _, names, objs = objects()
+    (rule,) = objs["role"]["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": [names.result_configmap], "verbs": ["get", "patch"]}
+    assert objs["service-account"]["automountServiceAccountToken"] is False
+
+
+def test_build_args_reach_the_job_as_lines():
+    plan, _, objs = objects()
+    lines = objs["job-files"]["data"][em.BUILD_ARGS_KEY].splitlines()
+    assert lines == [f"{k}={v}" for k, v in plan.build_args.items()]
+
+
+def test_build_hash_changes_with_the_recipe_and_not_otherwise():
+    plan, names, _ = objects()
+    c = cfg()
+    context = ec.recipe_files(ROOT / "images")
+    scripts = ec.job_files()
+    again = em.build_hash(plan, c, context, scripts)
+    assert again == names.build_hash
+    edited = {**context, "Dockerfile": context["Dockerfile"] + "\n# changed\n"}
+    assert em.build_hash(plan, c, edited, scripts) != again
+    assert em.build_hash(plan, cfg(buildCpu=64), context, scripts) != again
+
+
+def fake_buildctl(tmp_path: Path, digest: str = "sha256:" + "ef" * 32) -> Path:
+    """Stands in for buildctl-daemonless.sh: logs its arguments; pass 1 writes the wheel
+    record into the local export, pass 2 writes BuildKit's metadata file."""
+    script = tmp_path / "buildctl"
+    script.write_text(f"""#!/bin/sh
+echo "$@" >> "{tmp_path}/calls"
+dest=""; meta=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --output) case "$2" in type=local,dest=*) dest="${{2#type=local,dest=}}";; esac; shift;;
+    --metadata-file) meta="$2"; shift;;
+  esac
+  shift
+done
+if [ -n "$dest" ]; then
+  printf 'WHEEL_FILE=vllm.whl\\nWHEEL_SHA256=%s\\nENGINE_COMMIT_FULL=%s\\nENGINE_VERSION=v\\n' \\
+    "$FAKE_SHA" "$FAKE_COMMIT" > "$dest/engine-wheel.env"
+fi
+if [ -n "$meta" ]; then
+  printf '{{"containerimage.digest": "{digest}"}}' > "$meta"
+fi
+""")
+    script.chmod(0o755)
+    return script
+
+
+def run_build_sh(tmp_path: Path, context: str = "local", sha: str = "ab" * 32,
+                 args: str | None = None) -> subprocess.CompletedProcess:
+    plan, _, objs = objects()
+    args_file = tmp_path / "build-args"
+    args_file.write_text(objs["job-files"]["data"][em.BUILD_ARGS_KEY] if args is None else args)
+    env = {"PATH": os.environ["PATH"], "BUILDCTL": str(fake_buildctl(tmp_path)),
+           "K3_CONTEXT": context, "K3_IMAGE": plan.tagged_ref, "K3_CACHE": plan.cache_ref,
+           "K3_BUILD_ARGS_FILE": str(args_file), "K3_OUT": str(tmp_path / "out"),
+           "K3_CONTEXT_DIR": "/ctx", "FAKE_SHA": sha, "FAKE_COMMIT": "f" * 40}
+    return subprocess.run(["sh", str(POD / "build.sh")], env=env, capture_output=True, text=True)
+
+
+def test_build_sh_runs_both_passes_with_the_wheel_hash_as_label_args(tmp_path):
+    r = run_build_sh(tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan, _, _ = objects()
+    pass1, pass2 = (tmp_path / "calls").read_text().splitlines()
+    for call in (pass1, pass2):
+        assert call.startswith("build --frontend dockerfile.v0 --local context=/ctx "
+                               "--local dockerfile=/ctx")
+        for key, value in plan.build_args.items():
+            assert f"--opt build-arg:{key}={value}" in call
+        assert f"--import-cache type=registry,ref={plan.cache_ref}" in call
+    assert "--opt target=wheel-export" in pass1
+    assert f"--output type=local,dest={tmp_path}/out/wheel" in pass1
+    assert "--opt target=runtime" in pass2
+    assert f"--opt build-arg:WHEEL_SHA256={'ab' * 32}" in pass2
+    assert f"--opt build-arg:ENGINE_COMMIT_FULL={'f' * 40}" in pass2
+    assert f"--output type=image,name={plan.tagged_ref},push=true" in pass2
+    assert f"--export-cache type=registry,ref={plan.cache_ref},mode=max,ignore-error=true" in pass2
+    assert json.loads((tmp_path / "out" / "metadata.json").read_text())["containerimage.digest"]
+
+
+def test_build_sh_git_context(tmp_path):
+    r = run_build_sh(tmp_path, context="https://git.example.com/k.git#" + "a" * 40 + ":images")
+    assert r.returncode == 0, r.stderr
+    call = (tmp_path / "calls").read_text().splitlines()[0]
+    assert "--opt context=https://git.example.com/k.git#" in call and "--local" not in call
+
+
+def test_build_sh_stops_on_a_bad_wheel_hash_before_pass_two(tmp_path):
+    r = run_build_sh(tmp_path, sha="not-a-hash")
+    assert r.returncode == 1 and "bad WHEEL_SHA256" in r.stderr
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+
+
+def test_build_sh_refuses_empty_build_args(tmp_path):
+    r = run_build_sh(tmp_path, args="# nothing\n")
+    assert r.returncode == 2 and "no build args" in r.stderr
+
+
+class FakeApi(http.server.BaseHTTPRequestHandler):
+    """Just enough of the Kubernetes API for one ConfigMap: PATCH (merge) and GET."""
+
+    store: dict = {}
+    seen: list = []
+
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PATCH(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(("PATCH", self.path, self.headers["Authorization"],
+                          self.headers["Content-Type"]))
+        if self.path not in self.store:
+            return self._send(404, {"reason": "NotFound"})
+        self.store[self.path].setdefault("data", {}).update(body["data"])
+        self._send(200, self.store[self.path])
+
+    def do_GET(self):  # noqa: N802
+        self.seen.append(("GET", self.path, self.headers["Authorization"], None))
+        if self.path not in self.store:
+            return self._send(404, {"reason": "NotFound"})
+        self._send(200, self.store[self.path])
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def api():
+    FakeApi.store = {"/api/v1/namespaces/k3/configmaps/result": {"data": {}}}
+    FakeApi.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def out_dir(tmp_path: Path, digest="sha256:" + "ef" * 32, sha="ab" * 32, commit="f" * 40):
+    (tmp_path / "wheel").mkdir()
+    (tmp_path / "metadata.json").write_text(json.dumps({"containerimage.digest": digest}))
+    (tmp_path / "wheel" / "engine-wheel.json").write_text(json.dumps(
+        {"sha256": sha, "engine_commit": commit, "version": "0.1.0", "wheel": "vllm.whl"}))
+    return tmp_path
+
+
+def test_report_writes_the_result_and_reads_it_back(api, tmp_path):
+    data = report.report(out_dir(tmp_path), api, "k3", "result", REPO, "tok", None)
+    assert data["image"] == f"{REPO}@sha256:{'ef' * 32}"
+    stored = FakeApi.store["/api/v1/namespaces/k3/configmaps/result"]["data"]
+    assert stored == data
+    assert FakeApi.seen[0] == ("PATCH", "/api/v1/namespaces/k3/configmaps/result",
+                               "Bearer tok", "application/merge-patch+json")
+
+
+def test_report_main_exit_codes(api, tmp_path, monkeypatch):
+    token = tmp_path / "sa"
+    token.mkdir()
+    (token / "token").write_text("tok\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"K3_API": api, "K3_OUT": str(out_dir(out)),
+           "K3_NAMESPACE": "k3", "K3_RESULT_CONFIGMAP": "result", "K3_REPOSITORY": REPO,
+           "K3_TOKEN_DIR": str(token)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert report.main() == 0
+    monkeypatch.setenv("K3_RESULT_CONFIGMAP", "missing")       # RBAC / name mistakes: 4xx
+    assert report.main() == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"digest": ""}, "no image digest"),
+    ({"sha": "x"}, "no sha256"),
+    ({"commit": "f68f4fdd"}, "no full engine commit"),
+])
+def test_report_refuses_incomplete_build_output(api, tmp_path, kwargs, message):
+    with pytest.raises(report.ReportError, match=message):
+        report.report(out_dir(tmp_path, **kwargs), api, "k3", "result", REPO, "tok", None)
+    assert FakeApi.store["/api/v1/namespaces/k3/configmaps/result"]["data"] == {}
