@@ -1,19 +1,47 @@
-"""Every metric the alerts and the dashboard query is in the checked list
-(k3infra/operations/metric_names.yaml), and that list agrees with K3_FACTS.md and the
-vLLM sources it names."""
+"""Every alert and dashboard query parses as PromQL (promql-parser, the grammar of
+Prometheus's own parser) and selects only metrics in the checked list
+(k3infra/operations/metric_names.yaml), which agrees with the vLLM sources it names."""
 from __future__ import annotations
 
+import re
+
+import promql_parser
 import pytest
 
 from k3infra.config import parse_stack_config
 from k3infra.operations import dashboard as d
 from k3infra.operations import monitoring as mon
-from k3infra.operations.metric_names import catalogue, exposed_names, queried_metrics, series
+from k3infra.operations.metric_names import catalogue, exposed_names, series
 from k3infra.serving import manifests as m
 
 from conftest import GOOD_REVISION
 
 IMAGE = "registry.example.com/k3/vllm@sha256:" + "1" * 64
+# What Grafana substitutes before a query reaches Prometheus.
+GRAFANA_VARS = {"$__rate_interval": "1m", "$namespace": "k3", "$pod": ".+"}
+LABEL_VALUES = re.compile(r"^label_values\((.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)$")
+
+
+def promql(query: str) -> str:
+    """A dashboard query as Prometheus receives it (Grafana variables substituted; the
+    `label_values(selector, label)` variable query reduced to its selector)."""
+    for var, value in GRAFANA_VARS.items():
+        query = query.replace(var, value)
+    match = LABEL_VALUES.match(query)
+    return match.group(1) if match else query
+
+
+def queried_metrics(expr: str) -> set[str]:
+    """Metric names an expression selects, from its parsed syntax tree."""
+    names: set[str] = set()
+
+    def visit(node):
+        if isinstance(node, promql_parser.VectorSelector):
+            names.add(node.name)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return names
 
 
 def all_rule_exprs(receipt) -> list[str]:
@@ -29,7 +57,7 @@ def dashboard_queries(receipt) -> list[str]:
     board = d.dashboard(receipt)
     queries = [t["expr"] for p in board["panels"] for t in p["targets"]]
     queries += [v["query"]["query"] for v in board["templating"]["list"] if v["type"] == "query"]
-    return queries
+    return [promql(q) for q in queries]
 
 
 @pytest.mark.parametrize("expr,expected", [
@@ -41,14 +69,23 @@ def dashboard_queries(receipt) -> list[str]:
     ('max by (pod) (vllm:kv_cache_usage_perc{x="y"} or vllm:gpu_cache_usage_perc{x="y"}) > 0.9',
      {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}),
     ("vector(18.695)", set()),
-    ("sum(rate(foo_total[$__rate_interval])) / 8 offset 5m", {"foo_total"}),
-    ('label_values(vllm:num_requests_running{namespace="$namespace"}, pod)',
-     {"vllm:num_requests_running"}),
+    ("sum(rate(foo_total[5m] offset 5m)) / 8", {"foo_total"}),
     ('count by (exported_namespace, exported_pod) (DCGM_FI_DEV_GPU_UTIL{exported_pod=~"a"}) < 8',
      {"DCGM_FI_DEV_GPU_UTIL"}),
 ])
 def test_promql_reader_finds_exactly_the_metric_names(expr, expected):
     assert queried_metrics(expr) == expected
+
+
+def test_grafana_queries_are_reduced_to_what_prometheus_gets():
+    assert promql('label_values(vllm:num_requests_running{namespace="$namespace"}, pod)') == \
+        'vllm:num_requests_running{namespace="k3"}'
+    assert promql('rate(x{pod=~"$pod"}[$__rate_interval])') == 'rate(x{pod=~".+"}[1m])'
+
+
+def test_a_malformed_query_does_not_parse():
+    with pytest.raises(ValueError):
+        queried_metrics("sum by (le (rate(x[5m]))")
 
 
 def test_every_alert_queries_only_listed_metrics(receipt):

@@ -1,11 +1,10 @@
 """The metric names k3infra's alerts and dashboard rely on (metric_names.yaml, with the
-source each was checked against), and a small PromQL reader that lists the metric names
-an expression queries, so a test can hold every query to that list.
+source each was checked against). Queries are written through `series()`, and a test
+parses every query (real PromQL grammar) and holds the names it selects to this list.
 """
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -13,11 +12,6 @@ import yaml
 
 # What prometheus_client appends to a registered name when it exposes the series.
 _SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
-
-# PromQL words that look like identifiers but are not metric names.
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
-             "unless", "bool", "offset", "inf", "nan", "sum", "min", "max", "avg", "count",
-             "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group"}
 
 
 @dataclass(frozen=True)
@@ -69,28 +63,3 @@ def series(name: str, part: str = "") -> str:
     if part:
         raise KeyError(f"{name} is a {metric.type}: it has no {part} series")
     return metric.exposed[0]
-
-
-_LABEL_VALUES = re.compile(r"label_values\((.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
-_BRACES = re.compile(r"\{[^{}]*\}")
-_RANGE = re.compile(r"\[[^\[\]]*\]")
-_LABEL_LIST = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
-_IDENT = re.compile(r"(?<![\w:.])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?")
-
-
-def queried_metrics(expr: str) -> set[str]:
-    """Metric names a PromQL expression (or a Grafana `label_values(...)` variable query)
-    selects; functions, keywords, label names, strings, durations and numbers are not."""
-    text = _LABEL_VALUES.sub(r"\1", expr)
-    text = _STRING.sub('""', text)
-    text = _BRACES.sub(" ", text)
-    text = _RANGE.sub(" ", text)
-    text = _LABEL_LIST.sub(" ", text)
-    names = set()
-    for match in _IDENT.finditer(text):
-        word, call = match.group(1), match.group(2)
-        if call or word.lower() in _KEYWORDS:
-            continue
-        names.add(word)
-    return names
