@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from k3infra import placement
+from k3infra import checkov_skips, placement
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 from k3infra.serving.startup import PROBE_PERIOD_SECONDS, StartupBudget, startup_budget_seconds
@@ -198,7 +198,9 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": names.statefulset, "namespace": names.namespace,
-                     "labels": labels(instance), "annotations": pin_annotations(receipt, cfg)},
+                     "labels": labels(instance),
+                     "annotations": {**pin_annotations(receipt, cfg), **checkov_skips.annotations(
+                         checkov_skips.ENGINE_IMAGE_UID, checkov_skips.VLLM_API_KEY_ENV)}},
         "spec": {
             "serviceName": names.headless,
             "replicas": cfg.replicas,

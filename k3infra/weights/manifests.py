@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Optional
 
-from k3infra import placement
+from k3infra import checkov_skips, placement
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 
@@ -188,7 +188,8 @@ def prefetch_job(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, 
         spec["tolerations"] = placement.tolerations()
     count = cfg.replicas if per_node else 1
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": names(base)["job"], "namespace": namespace, "labels": pod_labels},
+            "metadata": {"name": names(base)["job"], "namespace": namespace, "labels": pod_labels,
+                         "annotations": checkov_skips.annotations(checkov_skips.ENGINE_IMAGE_UID)},
             "spec": {"completions": count, "parallelism": count, "backoffLimit": 20,
                      "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
 
