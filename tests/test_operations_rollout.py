@@ -74,8 +74,13 @@ def test_a_surface_change_only_changes_the_pod_template():
     assert sts_before["spec"]["template"] != sts_after["spec"]["template"]     # a rollout
     for key in set(sts_before["spec"]) - {"template"}:
         assert sts_before["spec"][key] == sts_after["spec"][key], key
-    others = lambda r: [x for x in r.manifests() if x["kind"] != "StatefulSet"]  # noqa: E731
-    assert others(before) == others(after)
+    assert _others(before) == _others(after)
+
+
+def _others(r) -> dict:
+    """Every object but the StatefulSet, by kind and name (registration order varies)."""
+    return {(x["kind"], x["metadata"]["name"]): x for x in r.manifests()
+            if x["kind"] != "StatefulSet"}
 
 
 def test_rolling_update_goes_one_pod_at_a_time():
