@@ -26,12 +26,14 @@ import json
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 CDN_HOST = "127.0.0.2"
+_SLICE = 1 << 20          # body write size (and pacing granularity)
 
 
 def git_blob_id(data: bytes) -> str:
@@ -77,8 +79,13 @@ class Faults:
 
 
 class LoopbackHub:
-    def __init__(self, repo: str, files: dict[str, bytes], commit: Optional[str] = None):
+    def __init__(self, repo: str, files: dict[str, bytes], commit: Optional[str] = None,
+                 link_bytes_per_s: Optional[float] = None):
         self.repo = repo
+        # Optional shared pace for all file bodies: a network link of this bandwidth
+        # (benchmarks/weights_bench.py); None sends as fast as loopback goes.
+        self.link_bytes_per_s = link_bytes_per_s
+        self._link_free_at = 0.0
         self.files = dict(files)
         self.commit = commit or hashlib.sha1(repr(sorted(files)).encode()).hexdigest()
         self.faults = Faults()
@@ -137,6 +144,17 @@ class LoopbackHub:
         self.stop()
 
     # ---- what the handler needs ----
+    def pace(self, nbytes: int) -> None:
+        """Wait for this slice's turn on the shared link (no-op when unthrottled)."""
+        if not self.link_bytes_per_s:
+            return
+        with self._lock:
+            start = max(time.monotonic(), self._link_free_at)
+            self._link_free_at = start + nbytes / self.link_bytes_per_s
+        delay = start - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
     def record(self, hit: Hit) -> Hit:
         with self._lock:
             self.hits.append(hit)
@@ -307,8 +325,11 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
             return
         try:
-            self.wfile.write(body)
-            hit.sent += len(body)
+            for offset in range(0, len(body), _SLICE):
+                piece = body[offset:offset + _SLICE]
+                hub.pace(len(piece))
+                self.wfile.write(piece)
+                hit.sent += len(piece)
         except (BrokenPipeError, ConnectionResetError):
             pass
 
