@@ -13,7 +13,8 @@ utils/_http.py):
 - GET /api/models/{repo}/tree/{rev}?recursive=... (list_repo_tree: type, oid, size, path,
   lfs {oid, size, pointerSize}); one page, no Link header;
 - errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound).
-No X-Xet-* header and no xetHash are ever sent, so the client stays on plain HTTP.
+No X-Xet-* header is sent unless `advertise_xet` (then the client must run with Xet
+disabled: there is no CAS server here), so the client stays on plain HTTP.
 
 Faults, for the tests: drop the connection once after N bytes of a file, stall a file
 after N bytes until released (to kill the client mid-file), serve a corrupt byte
@@ -80,8 +81,11 @@ class Faults:
 
 class LoopbackHub:
     def __init__(self, repo: str, files: dict[str, bytes], commit: Optional[str] = None,
-                 link_bytes_per_s: Optional[float] = None):
+                 link_bytes_per_s: Optional[float] = None, advertise_xet: bool = False):
         self.repo = repo
+        # advertise_xet: LFS files say they are Xet-backed (X-Xet-Hash, refresh route) as
+        # on the real Hub; there is no CAS server here, so clients must run with Xet off.
+        self.advertise_xet = advertise_xet
         # Optional shared pace for all file bodies: a network link of this bandwidth
         # (benchmarks/weights_bench.py); None sends as fast as loopback goes.
         self.link_bytes_per_s = link_bytes_per_s
@@ -243,6 +247,10 @@ class _Handler(BaseHTTPRequestHandler):
                              "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data)),
                              "ETag": f'"{git_blob_id(data)}"', "Content-Length": "0"}.items():
                     self.send_header(k, v)
+                if hub.advertise_xet:
+                    self.send_header("X-Xet-Hash", hashlib.sha256(b"xet" + data).hexdigest())
+                    self.send_header("X-Xet-Refresh-Route",
+                                     f"{hub.endpoint}/api/models/{hub.repo}/xet-read-token/{hub.commit}")
                 self.end_headers()
                 return
             return self._body(name, hit, head, {"X-Repo-Commit": hub.commit,

@@ -300,3 +300,36 @@ def test_lock_from_hub_refuses_an_unknown_revision(hub):
     assert type(err.value).__name__ == "RevisionNotFoundError"
     with pytest.raises(tree.LockError, match="40-hex"):
         prefetch.lock_from_hub(REPO, "main")
+
+
+@pytest.mark.parametrize("xet_installed", [False, True])
+def test_xet_backed_files(tmp_path, monkeypatch, xet_installed):
+    """Xet-advertised files: with hf_xet usable they go through hf_hub_download (which owns
+    Xet transfers); without it, through the resumable plain-HTTP path. The loopback has no
+    CAS server, so huggingface_hub itself runs with Xet disabled in both cases."""
+    import huggingface_hub.constants
+    from huggingface_hub import file_download
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    calls: list[str] = []
+    real = file_download.hf_hub_download
+
+    def counting(repo_id, filename, **kw):
+        calls.append(filename)
+        return real(repo_id, filename, **kw)
+
+    monkeypatch.setattr(file_download, "hf_hub_download", counting)
+    with LoopbackHub(REPO, make_repo(), advertise_xet=True) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        dest = tmp_path / "dest"
+        lock = lock_of(hub.files, hub.commit)
+        fetcher = prefetch._Fetcher(lock, str(dest), None, None)
+        assert fetcher.xet is False
+        fetcher.xet = xet_installed
+        report = run(hub, dest, lock=lock, fetcher=fetcher)
+        assert report.ok, report.problems
+        lfs = sorted(p for p in hub.files if hub.lfs(p))
+        assert sorted(calls) == (lfs if xet_installed else [])
+        assert not (dest / ".cache").exists()
+        assert_verified(hub, dest)
