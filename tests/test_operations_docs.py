@@ -1,0 +1,58 @@
+"""docs/operations.md stays true: every k3:monitoring / k3:network key, every alert and
+every metric name is documented, and the figures it quotes are the ones the code derives
+from the receipt and the default config."""
+from __future__ import annotations
+
+from k3infra.config import MonitoringConfig, NetworkConfig, parse_stack_config
+from k3infra.operations import monitoring as mon
+from k3infra.operations.metric_names import catalogue
+from k3infra.serving import manifests as m
+from k3infra.serving.startup import startup_budget_seconds
+
+from conftest import GOOD_REVISION, ROOT
+
+DOC = (ROOT / "docs" / "operations.md").read_text()
+FLAT = " ".join(DOC.split())
+
+
+def default_cfg():
+    return parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
+                               "k3:engineImage": "r/x@sha256:" + "1" * 64})
+
+
+def test_every_monitoring_and_network_key_is_documented():
+    for model in (MonitoringConfig, NetworkConfig):
+        for name, field in model.model_fields.items():
+            assert f"`{field.alias or name}`" in DOC, field.alias or name
+
+
+def test_every_alert_is_documented(receipt):
+    for rule in mon.alert_rules(receipt, default_cfg(), m.ServingNames(m.APP, "k3")):
+        assert f"`{rule['alert']}`" in DOC, rule["alert"]
+
+
+def test_every_listed_metric_is_documented():
+    for metric in catalogue()[1].values():
+        assert any(f"`{name}`" in DOC for name in (metric.name, *metric.exposed)), metric.name
+
+
+def test_quoted_figures_are_the_derived_ones(receipt):
+    cfg = default_cfg()
+    ref = mon.reference_latency(receipt)
+    assert f"p99 {ref.p99_ms:g} ms at concurrency {ref.concurrency}" in FLAT
+    assert f"fires above {mon.p99_threshold_seconds(receipt, cfg):.3f} s" in FLAT
+    assert f"default {cfg.monitoring.p99_margin_pct:g} % margin" in FLAT
+    assert f"p50 ({ref.p50_ms / 1000:g} s) and p99 ({ref.p99_ms / 1000:g} s)" in FLAT
+    assert f"{startup_budget_seconds(receipt, cfg.serving).total_seconds} s with the defaults" in FLAT
+    assert f"sleeps {m.PRESTOP_DRAIN_SECONDS} s" in FLAT
+    assert f"default {cfg.serving.termination_grace_seconds})" in FLAT
+    assert f"about {ref.p50_ms / 1000:.1f} s end to end at concurrency {ref.concurrency}" in FLAT
+
+
+def test_licence_thresholds_are_in_the_doc(receipt):
+    flat = FLAT.replace("\u2011", "-")
+    for needle in ("Section 2", "over 20M USD in any 12 months", "Section 3",
+                   "100M monthly active users", "20M USD monthly revenue", "Section 4",
+                   "purely internal use is exempt"):
+        assert needle in flat, needle
+    assert receipt.license.name in flat
