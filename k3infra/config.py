@@ -136,9 +136,13 @@ class EngineConfig(_Section):
     build_timeout_minutes: int = Field(default=600, ge=30, alias="buildTimeoutMinutes")
     # Optional sccache: a Secret whose `env` key holds SCCACHE_* settings (bucket, keys).
     sccache_secret: Optional[str] = Field(default=None, alias="sccacheSecret")
-    # Exact tags (see docs/engine.md for pinning them by digest).
-    buildkit_image: str = Field(default="moby/buildkit:v0.23.2-rootless", alias="buildkitImage")
-    reporter_image: str = Field(default="python:3.12.11-slim-bookworm", alias="reporterImage")
+    # in-cluster images: exact tag + digest. The shipped digests are all-zero
+    # placeholders (renders work, `pulumi up` refuses them): docs/engine.md shows how to
+    # read the real digest of each tag.
+    buildkit_image: str = Field(default="moby/buildkit:v0.23.2-rootless@sha256:" + "0" * 64,
+                                alias="buildkitImage")
+    reporter_image: str = Field(default="python:3.12.11-slim-bookworm@sha256:" + "0" * 64,
+                                alias="reporterImage")
     # profile upstream: the released vLLM version of k3:engineImage (>= 0.33.0).
     upstream_version: Optional[str] = Field(default=None, alias="upstreamVersion")
     # prebuilt: the image's dev.k3infra.engine.wheel-sha256 label, carried to the outputs.
@@ -190,10 +194,8 @@ class EngineConfig(_Section):
     @field_validator("buildkit_image", "reporter_image")
     @classmethod
     def _pinned_image(cls, v: str) -> str:
-        # A tag with a version number in it; `latest`, `master-rootless` and bare names move.
-        if not (DIGEST_IMAGE_RE.match(v)
-                or re.match(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?:[A-Za-z0-9_.-]*[0-9][A-Za-z0-9_.-]*$", v)):
-            raise ValueError("must be pinned: an exact version tag or <repository>@sha256:<64 hex>")
+        if not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>[:<tag>]@sha256:<64 hex>")
         return v
 
 

@@ -16,6 +16,7 @@ import pulumi
 
 from k3infra import gates
 from k3infra.config import StackConfig, parse_stack_config
+from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.hbm import hbm_fit
 from k3infra.kube import apply_manifest
 from k3infra.nodepool.component import B300NodePool
@@ -62,7 +63,11 @@ class K3ServingStack(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     served_model_name: pulumi.Output[str]
     receipt_id: pulumi.Output[str]
-    engine_commit: pulumi.Output[str]
+    engine_commit: pulumi.Output[Optional[str]]
+    engine_version: pulumi.Output[Optional[str]]
+    wheel_sha256: pulumi.Output[Optional[str]]
+    image_digest: pulumi.Output[str]
+    engine_profile: pulumi.Output[str]
     weights_revision: pulumi.Output[str]
     tree_digest: pulumi.Output[str]
     image: pulumi.Output[str]
@@ -78,7 +83,8 @@ class K3ServingStack(pulumi.ComponentResource):
         self.config = cfg
         self.fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
         lock = load_stack_lock(receipt, cfg)
-        gates.enforce(gates.deployment_gates(receipt, cfg))
+        resolve_engine(receipt, cfg)      # k3:engine / k3:profile refusals, before anything
+        gates.enforce(gates.deployment_gates(receipt, cfg) + engine_gates(cfg))
         self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
 
         super().__init__("k3infra:index:K3ServingStack", name, None, opts)
@@ -95,7 +101,12 @@ class K3ServingStack(pulumi.ComponentResource):
         # objects and dashboard that k3:monitoring asks for.
         self.operations = ServingOperations(f"{name}-operations", receipt, cfg, names, instance, in_ns)
 
-        image: Any = cfg.engine_image
+        # The engine image by digest: k3:engineImage, or the build's pushed digest.
+        self.engine = EngineBuild(f"{name}-engine", {
+            "config": cfg, "receipt": receipt, "namespace": cfg.namespace, "base": BASE,
+            "labels": m.labels(instance, "engine-build"), "gatesEnforced": True},
+            pulumi.ResourceOptions(parent=self, depends_on=[ns]))
+        image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
             names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
         hf_secret_name = None
@@ -129,7 +140,11 @@ class K3ServingStack(pulumi.ComponentResource):
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
         self.receipt_id = pulumi.Output.from_input(receipt.id)
-        self.engine_commit = pulumi.Output.from_input(receipt.engine.commit)
+        self.engine_commit = self.engine.engine_commit
+        self.engine_version = self.engine.engine_version
+        self.wheel_sha256 = self.engine.wheel_sha256
+        self.image_digest = self.engine.image_digest
+        self.engine_profile = self.engine.profile_label
         self.weights_revision = pulumi.Output.from_input(cfg.weights_revision)
         self.tree_digest = pulumi.Output.from_input(receipt.model.tree_digest)
         self.image = pulumi.Output.from_input(image)
@@ -140,6 +155,8 @@ class K3ServingStack(pulumi.ComponentResource):
     def outputs(self) -> dict[str, pulumi.Output]:
         return {"endpoint": self.endpoint, "servedModelName": self.served_model_name,
                 "receiptId": self.receipt_id, "engineCommit": self.engine_commit,
+                "engineVersion": self.engine_version, "wheelSha256": self.wheel_sha256,
+                "imageDigest": self.image_digest, "engineProfile": self.engine_profile,
                 "weightsRevision": self.weights_revision, "treeDigest": self.tree_digest,
                 "image": self.image, "profile": self.profile,
                 "licenseName": self.license_name}

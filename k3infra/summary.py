@@ -20,7 +20,10 @@ def summary_rows(cfg: StackConfig, render) -> list[tuple[str, str]]:
         ("receipt", r.id),
         ("profile", cfg.profile if measured else
          f"[bold red]{cfg.profile}: NOT the measured configuration[/bold red]"),
-        ("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit}"),
+        # EngineBuild's label: the receipt's engine and how it is obtained, or the
+        # upstream release marked "not the measured engine".
+        ("engine", str(render.outputs.get("engineProfile")
+                       or f"{r.engine.name} {r.engine.version} @ {r.engine.commit}")),
         ("image", str(image)),
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "

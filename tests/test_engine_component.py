@@ -36,9 +36,13 @@ def config(**keys):
     return parse_stack_config(raw)
 
 
+BUILDKIT = f"moby/buildkit:v0.23.2-rootless@sha256:{'34' * 32}"
+REPORTER = f"python:3.12.11-slim-bookworm@sha256:{'56' * 32}"
+
+
 def in_cluster(**engine):
     return config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push",
-                          **engine})
+                          "buildkitImage": BUILDKIT, "reporterImage": REPORTER, **engine})
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -285,3 +289,16 @@ def test_bad_engine_config_fails_before_any_registration():
 def test_missing_recipe_dir_is_a_clear_error(tmp_path):
     with pytest.raises(EngineBuildError, match="no images/Dockerfile"):
         ec.find_recipe_dir(str(tmp_path))
+
+
+def test_in_cluster_with_placeholder_image_digests_is_refused_on_update(monkeypatch):
+    from k3infra.gates import GateError
+
+    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    cfg = config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push"})
+    mocks = Recorder(result_data=result_data())
+    with pytest.raises(GateError) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images")}),
+            mocks)
+    assert "k3:engine.buildkitImage" in str(err.value) and "k3:engine.reporterImage" in str(err.value)
+    assert mocks.resources == []

@@ -109,6 +109,12 @@ def test_upstream_is_labelled_and_carries_no_engine_commit(receipt):
     assert p.engine_version == UPSTREAM_MIN_VERSION
 
 
+def test_upstream_without_a_declared_version_states_the_minimum(receipt):
+    p = resolve_engine(receipt, cfg(profile="upstream", engineImage=IMAGE))
+    assert p.engine_version is None
+    assert f">= {UPSTREAM_MIN_VERSION}" in p.label and NOT_MEASURED in p.label
+
+
 def test_custom_profile_is_labelled_not_measured(receipt):
     p = resolve_engine(receipt, cfg(profile="custom", engineImage=IMAGE))
     assert p.measured is False and "not the measured configuration" in p.label
@@ -129,7 +135,6 @@ def test_custom_profile_is_labelled_not_measured(receipt):
     ({"engineImage": IMAGE, "engine": {"upstreamVersion": "0.33.0"}}, "k3:engine.upstreamVersion"),
     ({"engine": {"build": "local", "registry": REPO, "wheelSha256": "a" * 64}},
      "k3:engine.wheelSha256"),
-    ({"profile": "upstream", "engineImage": IMAGE}, "k3:engine.upstreamVersion"),
     ({"profile": "upstream", "engineImage": IMAGE, "engine": {"upstreamVersion": "0.32.9"}},
      "k3:engine.upstreamVersion"),
     ({"profile": "upstream", "engineImage": IMAGE, "engine": {"upstreamVersion": "0.33.0rc1"}},
@@ -149,6 +154,7 @@ def test_refusals_name_the_key(receipt, keys, key):
     ({"gitRevision": "main"}, "k3:engine.gitRevision"),
     ({"buildkitImage": "moby/buildkit:master-rootless"}, "k3:engine.buildkitImage"),
     ({"buildkitImage": "moby/buildkit:latest"}, "k3:engine.buildkitImage"),
+    ({"buildkitImage": "moby/buildkit:v0.23.2-rootless"}, "k3:engine.buildkitImage"),
     ({"reporterImage": "python"}, "k3:engine.reporterImage"),
     ({"registrySecret": "Push_Secret"}, "k3:engine.registrySecret"),
     ({"wheelSha256": "ABC"}, "k3:engine.wheelSha256"),
@@ -159,3 +165,14 @@ def test_engine_keys_are_validated_by_the_config(engine, key):
     with pytest.raises(ConfigError) as err:
         cfg(engineImage=IMAGE, engine=engine)
     assert err.value.key == key
+
+
+def test_engine_gates_flag_placeholder_build_images_only_for_in_cluster():
+    from k3infra.engine.plan import engine_gates
+
+    keys = [g.key for g in engine_gates(in_cluster())]
+    assert keys == ["k3:engine.buildkitImage", "k3:engine.reporterImage"]
+    pinned = in_cluster(buildkitImage=f"moby/buildkit:v0.23.2-rootless@sha256:{'3' * 64}",
+                        reporterImage=f"python:3.12.11-slim-bookworm@sha256:{'4' * 64}")
+    assert engine_gates(pinned) == []
+    assert engine_gates(cfg(engineImage=IMAGE)) == []

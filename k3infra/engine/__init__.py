@@ -5,9 +5,9 @@ Pulumi component whose `image` output (repo@sha256:...) the serving StatefulSet 
 """
 from k3infra.engine.plan import (NOT_MEASURED, RECIPE_CUDA_VERSION, UPSTREAM_MIN_VERSION,
                                  EnginePlan, arch_list, build_args, build_parallelism,
-                                 resolve_engine)
+                                 engine_gates, resolve_engine)
 
-__all__ = ["EnginePlan", "resolve_engine", "build_args", "build_parallelism", "arch_list",
+__all__ = ["EnginePlan", "resolve_engine", "engine_gates", "build_args", "build_parallelism", "arch_list",
            "UPSTREAM_MIN_VERSION", "RECIPE_CUDA_VERSION", "NOT_MEASURED", "EngineBuild",
            "EngineBuildArgs"]
 

@@ -21,10 +21,10 @@ import pulumi
 
 from k3infra.config import StackConfig
 from k3infra.engine import manifests as em
-from k3infra.engine.plan import EnginePlan, resolve_engine
+from k3infra.engine.plan import EnginePlan, engine_gates, resolve_engine
 from k3infra.engine.result import (BuildResult, EngineBuildError, image_from_digest,
                                    parse_build_result, parse_wheel_record)
-from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX
+from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX, enforce
 from k3infra.kube import apply_manifest
 from k3infra.receipt import Receipt, load_receipt
 
@@ -41,6 +41,7 @@ class EngineBuildArgs(TypedDict, total=False):
     labels: dict             # labels on build objects
     recipeDir: str           # the images/ directory (default: found from the cwd)
     exportDir: str           # local mode: where pass 1 exports (default: build/engine)
+    gatesEnforced: bool      # the caller already ran engine_gates (K3ServingStack does)
 
 
 def find_recipe_dir(explicit: Optional[str] = None) -> Path:
@@ -98,6 +99,8 @@ class EngineBuild(pulumi.ComponentResource):
         receipt = args.get("receipt") or load_receipt()
         # Everything that can refuse does so before the first registration.
         plan = resolve_engine(receipt, cfg)
+        if not args.get("gatesEnforced"):
+            enforce(engine_gates(cfg))
         uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
                                                and cfg.engine.context == "configmap")
         recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None

@@ -210,8 +210,9 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         "resources": {
             "requests": {"cpu": str(eng.build_cpu), "memory": mem,
                          "ephemeral-storage": f"{eng.build_disk_gi}Gi"},
-            # The memory limit is what MAX_JOBS was sized for; CPU is not capped.
-            "limits": {"memory": mem, "ephemeral-storage": f"{eng.build_disk_gi + 20}Gi"},
+            # The memory limit is what MAX_JOBS was sized for.
+            "limits": {"cpu": str(eng.build_cpu), "memory": mem,
+                       "ephemeral-storage": f"{eng.build_disk_gi + 20}Gi"},
         },
         # Rootless BuildKit creates user namespaces and mounts inside them: seccomp and
         # AppArmor must be unconfined and the setuid newuidmap needs privilege
@@ -238,7 +239,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                      "limits": {"memory": "128Mi"}},
+                      "limits": {"cpu": "200m", "memory": "128Mi"}},
         "securityContext": {
             "runAsUser": BUILDKIT_UID, "runAsGroup": BUILDKIT_UID, "runAsNonRoot": True,
             "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,

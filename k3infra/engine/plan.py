@@ -12,6 +12,7 @@ from typing import Optional
 from packaging.version import InvalidVersion, Version
 
 from k3infra.config import ConfigError, StackConfig
+from k3infra.gates import Gate, is_placeholder
 from k3infra.receipt import Receipt
 
 # First vLLM release that supports Kimi K3 natively and accepts every receipt flag
@@ -140,13 +141,15 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
     }
 
 
-def upstream_version(cfg: StackConfig) -> str:
+def upstream_version(cfg: StackConfig) -> Optional[str]:
+    """The declared release of an upstream image (None: not declared; the label then
+    states only the minimum). A digest cannot tell its version, so this is the user's
+    statement, checked against the minimum that runs Kimi K3."""
     v = cfg.engine.upstream_version
     accepted = (f"a released vLLM version >= {UPSTREAM_MIN_VERSION} (the version of "
                 f"k3:engineImage; earlier releases do not run Kimi K3)")
     if v is None:
-        raise ConfigError("k3:engine.upstreamVersion", None, f"is required with k3:profile = "
-                          f"upstream: {accepted}")
+        return None
     try:
         parsed = Version(v)
     except InvalidVersion:
@@ -197,10 +200,12 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
     e = receipt.engine
     if cfg.profile == "upstream":
         version = upstream_version(cfg)
+        release = (f"vLLM {version} release" if version else
+                   f"a vLLM release >= {UPSTREAM_MIN_VERSION} (version not declared in "
+                   "k3:engine.upstreamVersion)")
         return EnginePlan(
             mode="prebuilt", profile="upstream", measured=False,
-            label=f"upstream: vLLM {version} release, {NOT_MEASURED} "
-                  f"(receipt {receipt.id} ran {e.version})",
+            label=f"upstream: {release}, {NOT_MEASURED} (receipt {receipt.id} ran {e.version})",
             engine_version=version, engine_commit=None, image=cfg.engine_image)
 
     measured = cfg.profile == "measured"
@@ -219,3 +224,18 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
                       engine_version=e.version, engine_commit=e.commit,
                       repository=eng.registry, tag=eng.tag or default_tag(receipt),
                       build_args=build_args(receipt, cfg))
+
+
+def engine_gates(cfg: StackConfig) -> list[Gate]:
+    """Placeholders an in-cluster build must not run with: warned in a render or preview,
+    refused by `pulumi up` (k3infra.gates.enforce)."""
+    eng = cfg.engine
+    found = []
+    if eng.build == "in-cluster":
+        for key, image in (("k3:engine.buildkitImage", eng.buildkit_image),
+                           ("k3:engine.reporterImage", eng.reporter_image)):
+            if is_placeholder(image):
+                tag = image.split("@", 1)[0]
+                found.append(Gate(key, f"{image} is a placeholder digest: set the digest of "
+                                       f"{tag} (docker buildx imagetools inspect {tag})"))
+    return found
