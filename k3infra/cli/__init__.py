@@ -17,6 +17,7 @@ COMMANDS = {
     "policy": ("k3infra.cli.policy", "run the policy pack over a render"),
     "bench": ("k3infra.cli.bench", "compare benchmark results with the receipt"),
     "verify": ("k3infra.cli.verify", "check a live deployment against the receipt"),
+    "engine": ("k3infra.cli.engine", "engine image: build args and plan from the receipt"),
 }
 
 
