@@ -333,3 +333,22 @@ def test_xet_backed_files(tmp_path, monkeypatch, xet_installed):
         assert sorted(calls) == (lfs if xet_installed else [])
         assert not (dest / ".cache").exists()
         assert_verified(hub, dest)
+
+
+def test_second_prefetch_on_the_same_tree_waits_for_the_first(hub, tmp_path):
+    import fcntl
+    import threading
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    holder = os.open(dest, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)                 # another prefetch (e.g. the node's Job)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.setdefault("report", run(hub, dest)))
+    worker.start()
+    worker.join(timeout=1.0)
+    assert worker.is_alive() and hub.hits == []        # blocked before planning or fetching
+    os.close(holder)
+    worker.join(timeout=60)
+    report = result["report"]
+    assert report.ok and any("waiting for it" in line for line in report.lines)

@@ -184,11 +184,17 @@ class _Fetcher:
         self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
         self.token = token
         self.xet = bool(getattr(file_download, "is_xet_available", lambda: False)())
+        # The engine image pins its own huggingface_hub: pass `endpoint` only where the
+        # installed version takes it (older ones read HF_ENDPOINT themselves).
+        import inspect
+
+        takes = inspect.signature(file_download.get_hf_file_metadata).parameters
+        self.meta_kw = {"endpoint": self.endpoint} if "endpoint" in takes else {}
 
     def __call__(self, entry: FileEntry) -> None:
         fd = self.fd
         url = fd.hf_hub_url(self.lock.repo, entry.path, revision=self.lock.revision, endpoint=self.endpoint)
-        meta = fd.get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint)
+        meta = fd.get_hf_file_metadata(url, token=self.token, **self.meta_kw)
         if meta.commit_hash != self.lock.revision:
             raise FetchRefused(f"the Hub resolved revision {self.lock.revision} to commit "
                                f"{meta.commit_hash!r}")
@@ -199,7 +205,7 @@ class _Fetcher:
         if len(etag) == 64 and etag != entry.sha256:
             raise FetchRefused(f"the Hub's sha256 {etag} differs from the lock's {entry.sha256}")
         final = os.path.join(self.dest, entry.path)
-        if meta.xet_file_data is not None and self.xet:
+        if getattr(meta, "xet_file_data", None) is not None and self.xet:
             fd.hf_hub_download(self.lock.repo, entry.path, revision=self.lock.revision,
                                local_dir=self.dest, token=self.token, endpoint=self.endpoint)
             return
