@@ -3,7 +3,6 @@ weights tree digest, and the receipt labels on serving pods."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Callable, Optional
 

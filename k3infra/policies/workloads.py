@@ -173,7 +173,7 @@ class Workload:
         return {str(get(v, "name")): v for v in items(get(self.pod_spec, "volumes"))
                 if isinstance(v, Mapping)}
 
-    def gpu_products(self) -> Optional[list[list[str]]]:
+    def gpu_products(self) -> Optional[list[Optional[list[str]]]]:
         """The GPU products each required node-selector term admits (terms are ORed; a
         term without a product constraint admits any GPU: None inside the list), or None
         when nothing constrains the product at all."""
@@ -181,7 +181,7 @@ class Workload:
         pinned = [str(selector)] if selector is not None else None
         terms = items(get(self.pod_spec, "affinity", "nodeAffinity",
                           "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"))
-        per_term: list[list[str]] = []
+        per_term: list[Optional[list[str]]] = []
         for term in terms:
             allowed = pinned
             for expr in items(get(term, "matchExpressions")):
@@ -200,7 +200,6 @@ def workloads(resource_type: str, props: Mapping) -> Iterator[Workload]:
     """The pod template(s) of a Kubernetes resource (none for other resources)."""
     kind = kind_of(resource_type) or get(props, "kind")
     if kind == "Pod":
-        template: Any = props
         pod_meta, spec = get(props, "metadata"), get(props, "spec")
     elif kind in _TEMPLATE_PATH:
         template = get(props, *_TEMPLATE_PATH[kind])
