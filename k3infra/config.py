@@ -118,8 +118,12 @@ class EngineConfig(_Section):
     registry: Optional[str] = None
     # Tag pushed next to the digest; default: derived from the receipt's engine commit.
     tag: Optional[str] = None
-    # in-cluster: an existing kubernetes.io/dockerconfigjson Secret with push rights.
+    # in-cluster: an existing kubernetes.io/dockerconfigjson Secret with push rights, in
+    # the build namespace.
     registry_secret: Optional[str] = Field(default=None, alias="registrySecret")
+    # in-cluster: the build's own namespace (default <k3:namespace>-build). Rootless
+    # BuildKit needs Pod Security `privileged`; the serving namespace stays `restricted`.
+    build_namespace: Optional[str] = Field(default=None, alias="buildNamespace")
     # in-cluster: where BuildKit reads images/ from. `configmap` uploads this checkout's
     # images/ (a few small files); `git` builds gitUrl at a pinned 40-hex gitRevision.
     context: Literal["configmap", "git"] = "configmap"
@@ -161,6 +165,13 @@ class EngineConfig(_Section):
     def _tag(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", v):
             raise ValueError("must be a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+        return v
+
+    @field_validator("build_namespace")
+    @classmethod
+    def _namespace(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
+            raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
         return v
 
     @field_validator("registry_secret", "sccache_secret")

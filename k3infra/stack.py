@@ -103,7 +103,7 @@ class K3ServingStack(pulumi.ComponentResource):
 
         # The engine image by digest: k3:engineImage, or the build's pushed digest.
         self.engine = EngineBuild(f"{name}-engine", {
-            "config": cfg, "receipt": receipt, "namespace": cfg.namespace, "base": BASE,
+            "config": cfg, "receipt": receipt, "base": BASE,
             "labels": m.labels(instance, "engine-build"), "gatesEnforced": True},
             pulumi.ResourceOptions(parent=self, depends_on=[ns]))
         image: Any = self.engine.image

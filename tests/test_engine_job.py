@@ -16,7 +16,7 @@ import pytest
 from k3infra.config import parse_stack_config
 from k3infra.engine import component as ec
 from k3infra.engine import manifests as em
-from k3infra.engine.plan import resolve_engine
+from k3infra.engine.plan import build_namespace, resolve_engine
 from k3infra.engine.pod import report
 from k3infra.placement import GPU_PRODUCT_LABEL
 
@@ -39,7 +39,7 @@ def objects(c=None, receipt=None):
     plan = resolve_engine(receipt or load_receipt(), c)
     context = ec.recipe_files(ROOT / "images") if c.engine.context == "configmap" else {}
     scripts = ec.job_files()
-    names = em.BuildNames("kimi-k3", "k3", em.build_hash(plan, c, context, scripts))
+    names = em.BuildNames("kimi-k3", build_namespace(c), em.build_hash(plan, c, context, scripts))
     labels = {"app.kubernetes.io/name": "kimi-k3", "app.kubernetes.io/component": "engine-build"}
     return plan, names, em.build_manifests(plan, c, names, labels, context, scripts)
 
@@ -52,6 +52,26 @@ def test_build_objects_validate_strictly(version, engine):
     _, _, objs = objects(cfg(**engine))
     for obj in objs.values():
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_build_runs_in_its_own_privileged_namespace():
+    _, names, objs = objects()
+    assert names.namespace == "k3-build"
+    ns = objs["namespace"]
+    assert ns["metadata"]["name"] == "k3-build"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    for role, obj in objs.items():
+        if role != "namespace":
+            assert obj["metadata"]["namespace"] == "k3-build", role
+    assert build_namespace(cfg(buildNamespace="ci-builds")) == "ci-builds"
+
+
+def test_build_namespace_must_not_be_the_serving_namespace():
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        build_namespace(cfg(buildNamespace="k3"))
+    assert err.value.key == "k3:engine.buildNamespace"
 
 
 def job_spec(c=None):

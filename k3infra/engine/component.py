@@ -21,7 +21,7 @@ import pulumi
 
 from k3infra.config import StackConfig
 from k3infra.engine import manifests as em
-from k3infra.engine.plan import EnginePlan, engine_gates, resolve_engine
+from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
 from k3infra.engine.result import (BuildResult, EngineBuildError, image_from_digest,
                                    parse_build_result, parse_wheel_record)
 from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX, enforce
@@ -36,7 +36,6 @@ PLACEHOLDER_DIGEST = f"sha256:{PLACEHOLDER_HEX}"
 class EngineBuildArgs(TypedDict, total=False):
     config: StackConfig      # the validated stack config (required)
     receipt: Receipt         # default: the shipped receipt
-    namespace: str           # where in-cluster build objects go (default: k3:namespace)
     base: str                # object name prefix (default: kimi-k3)
     labels: dict             # labels on build objects
     recipeDir: str           # the images/ directory (default: found from the cwd)
@@ -139,19 +138,21 @@ class EngineBuild(pulumi.ComponentResource):
 
         context = recipe_files(recipe) if recipe is not None else {}
         scripts = job_files()
-        names = em.BuildNames(args.get("base", "kimi-k3"), args.get("namespace", cfg.namespace),
+        names = em.BuildNames(args.get("base", "kimi-k3"), build_namespace(cfg),
                               em.build_hash(plan, cfg, context, scripts))
         labels = dict(args.get("labels") or {"app.kubernetes.io/component": "engine-build",
                                              "app.kubernetes.io/part-of": "k3infra"})
         objs = em.build_manifests(plan, cfg, names, labels, context, scripts)
         child = pulumi.ResourceOptions(parent=self)
-        created = {}
+        ns = apply_manifest(f"{name}-namespace", objs["namespace"], child)
+        in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
+        created = {"namespace": ns}
         for role, manifest in objs.items():
-            if role == "job":
+            if role in ("namespace", "job"):
                 continue
             extra = pulumi.ResourceOptions(ignore_changes=["data"]) if role == "result" else None
             created[role] = apply_manifest(f"{name}-{role}", manifest,
-                                           pulumi.ResourceOptions.merge(child, extra))
+                                           pulumi.ResourceOptions.merge(in_ns, extra))
         wait = f"{em.job_timeout_minutes(cfg)}m"
         job = apply_manifest(f"{name}-job", objs["job"], pulumi.ResourceOptions.merge(
             child, pulumi.ResourceOptions(

@@ -97,6 +97,16 @@ def _meta(name: str, names: BuildNames, labels: dict) -> dict:
     return {"name": name, "namespace": names.namespace, "labels": dict(labels)}
 
 
+def build_namespace(names: BuildNames, labels: dict) -> dict:
+    """The build's namespace. Pod Security `privileged`: rootless BuildKit runs with
+    seccomp/AppArmor Unconfined, which `baseline` and `restricted` reject. Only the build
+    Job runs here; `warn: restricted` keeps the admission warnings visible."""
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": names.namespace, "labels": {
+                **labels, "pod-security.kubernetes.io/enforce": "privileged",
+                "pod-security.kubernetes.io/warn": "restricted"}}}
+
+
 def context_configmap(names: BuildNames, labels: dict, context_files: dict[str, str]) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(names.context_configmap, names, labels),
@@ -281,7 +291,8 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
 def build_manifests(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dict,
                     context_files: dict[str, str], job_files: dict[str, str]) -> dict[str, dict]:
     """Every object of an in-cluster build, keyed by role, in apply order."""
-    objs = {"service-account": service_account(names, labels), "role": role(names, labels),
+    objs = {"namespace": build_namespace(names, labels),
+            "service-account": service_account(names, labels), "role": role(names, labels),
             "role-binding": role_binding(names, labels),
             "job-files": job_configmap(names, labels, plan, job_files),
             "result": result_configmap(names, labels, plan)}

@@ -159,6 +159,20 @@ def upstream_version(cfg: StackConfig) -> Optional[str]:
     return v
 
 
+def build_namespace(cfg: StackConfig) -> str:
+    """Where an in-cluster build runs: its own namespace, because rootless BuildKit needs
+    Pod Security `privileged` and the serving namespace enforces `restricted`."""
+    ns = cfg.engine.build_namespace or f"{cfg.namespace}-build"
+    if ns == cfg.namespace:
+        raise ConfigError("k3:engine.buildNamespace", ns,
+                          "must differ from k3:namespace: the build needs Pod Security "
+                          "`privileged`, the serving namespace stays `restricted`")
+    if len(ns) > 63:
+        raise ConfigError("k3:engine.buildNamespace", ns, "at most 63 characters: set it "
+                          "explicitly when k3:namespace is long")
+    return ns
+
+
 def _check(cfg: StackConfig) -> None:
     """Engine keys that only make sense together; refused before anything is created."""
     eng = cfg.engine
@@ -180,6 +194,8 @@ def _check(cfg: StackConfig) -> None:
         if eng.git_revision is None:
             raise ConfigError("k3:engine.gitRevision", None,
                               "is required with k3:engine.context = git: a 40-hex commit")
+    if eng.build == "in-cluster":
+        build_namespace(cfg)
     if eng.build == "local" and eng.sccache_secret is not None:
         raise ConfigError("k3:engine.sccacheSecret", eng.sccache_secret,
                           "is an in-cluster Secret: local builds use the operator's own "
