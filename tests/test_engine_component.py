@@ -168,8 +168,8 @@ def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
         mocks)
     kinds = Counter(r.typ.split(":")[-1] for r in mocks.resources if r.typ.startswith("kubernetes:"))
     # job files, context, result (created) + the result read
-    assert kinds == {"Namespace": 1, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1,
-                     "ConfigMap": 4, "Job": 1}
+    assert kinds == {"Namespace": 1, "NetworkPolicy": 1, "ServiceAccount": 1, "Role": 1,
+                     "RoleBinding": 1, "ConfigMap": 4, "Job": 1}
     reads = [r for r in mocks.resources if r.resource_id]
     assert [r.resource_id.split("/")[0] for r in reads] == ["k3-build"]
     context = next(r for r in mocks.resources if r.name == "engine-context")

@@ -121,6 +121,25 @@ def test_registry_credentials_come_from_the_secret_and_only_report_gets_a_token(
     assert {"name": "token", "mountPath": em.TOKEN_DIR, "readOnly": True} in rep["volumeMounts"]
 
 
+def test_network_policy_selects_the_build_pod_and_allows_no_ingress():
+    plan, names, objs = objects(cfg(registry="registry.example.com:5000/k3/vllm"))
+    pol = objs["network-policy"]["spec"]
+    assert pol["podSelector"]["matchLabels"] == objs["job"]["spec"]["template"]["metadata"]["labels"]
+    assert pol["ingress"] == []
+    ports = {p["port"] for rule in pol["egress"] for p in rule.get("ports", [])}
+    assert {53, 80, 443, 6443, 5000} <= ports
+
+
+def test_job_carries_the_documented_checkov_skips():
+    _, _, job = job_spec()
+    notes = job["metadata"]["annotations"]
+    skipped = {v.split("=", 1)[0] for k, v in notes.items() if k.startswith("checkov.io/skip")}
+    assert skipped == {s.check for s in em.BUILDKIT_SKIPS}
+    doc = (ROOT / "docs" / "engine.md").read_text()
+    for s in em.BUILDKIT_SKIPS:
+        assert s.check in doc, s.check
+
+
 def test_role_may_only_write_this_builds_result():
     _, names, objs = objects()
     (rule,) = objs["role"]["rules"]

@@ -92,6 +92,34 @@ def test_in_cluster_render_passes_the_policy_pack():
     assert check_plan(in_cluster().plan()).mandatory == []
 
 
+def test_in_cluster_render_passes_kubernetes_validate_and_checkov(tmp_path):
+    """The same scanners the shipped stacks pass (tests/test_scanners.py), on the build."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    import kubernetes_validate
+
+    from k3infra.render import write_render
+
+    r = in_cluster()
+    for obj in r.manifests():
+        for version in ("1.33.0", kubernetes_validate.utils.latest_version()):
+            kubernetes_validate.validate(obj, version, strict=True)
+    write_render(r, tmp_path)
+    checkov = os.environ.get("K3INFRA_CHECKOV") or str(ROOT / ".venv-scan" / "bin" / "checkov")
+    if not Path(checkov).is_file():
+        pytest.fail("checkov not found: set K3INFRA_CHECKOV or run `make test`")
+    proc = subprocess.run([checkov, "-d", str(tmp_path / "manifests"), "--framework",
+                           "kubernetes", "-o", "json", "--compact", "--skip-download"],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "LOG_LEVEL": "ERROR"})
+    report = json.loads(proc.stdout)
+    report = report[0] if isinstance(report, list) else report
+    failed = [(f["check_id"], f["resource"]) for f in report["results"]["failed_checks"]]
+    assert failed == []
+
+
 def test_local_render_registers_both_passes():
     r = local()
     images = r.by_type("docker-build:index:Image")

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from k3infra import placement
+from k3infra.checkov_skips import Skip, annotations
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
+from k3infra.operations.network import dns_egress
 
 CONTEXT_DIR = "/k3/context"           # images/ (configmap context)
 JOB_DIR = "/k3/job"                   # build.sh, report.py, build-args
@@ -27,6 +29,27 @@ BUILD_ARGS_KEY = "build-args"
 JOB_SCRIPTS = ("build.sh", "report.py")
 # Result ConfigMap keys (written by pod/report.py, read by result.parse_build_result).
 RESULT_KEYS = ("digest", "image", "wheelSha256", "engineCommit", "vllmVersion")
+
+
+# Where a source build connects: Git hosts, PyPI, the PyTorch index, Ubuntu mirrors
+# (HTTP), the target registry; the report container reaches the API server (443 on the
+# Service, 6443 on most control-plane endpoints after DNAT).
+BUILD_EGRESS_PORTS = (80, 443, 6443)
+
+# checkov findings on the build Job that rootless BuildKit needs as they are (its
+# examples/kubernetes/job.rootless.yaml), put on the Job as checkov skip annotations.
+BUILDKIT_SKIPS = (
+    Skip("CKV_K8S_20", "rootless BuildKit maps its user namespace with the setuid newuidmap, "
+                       "which needs privilege escalation; it never runs as root"),
+    Skip("CKV_K8S_37", "capabilities cannot all be dropped: newuidmap/newgidmap need "
+                       "CAP_SETUID/CAP_SETGID from their setuid bit"),
+    Skip("CKV_K8S_28", "the documented rootless BuildKit pod keeps the default capability set; "
+                       "a reduced one is not tested here"),
+    Skip("CKV_K8S_40", "the moby/buildkit rootless image's user is uid 1000, with its subuid "
+                       "range set up for that uid"),
+    Skip("CKV_K8S_22", "BuildKit writes its state, runtime dir and temp files across the "
+                       "image's file system; a read-only root is not tested here"),
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,10 @@ class BuildNames:
 
     @property
     def role(self) -> str:
+        return f"{self.base}-engine-build"
+
+    @property
+    def network_policy(self) -> str:
         return f"{self.base}-engine-build"
 
 
@@ -149,6 +176,27 @@ def role_binding(names: BuildNames, labels: dict) -> dict:
                         "name": names.role},
             "subjects": [{"kind": "ServiceAccount", "name": names.service_account,
                           "namespace": names.namespace}]}
+
+
+def registry_port(repository: str | None) -> int | None:
+    host = (repository or "").split("/", 1)[0]
+    return int(host.rsplit(":", 1)[1]) if ":" in host else None
+
+
+def network_policy(cfg: StackConfig, plan: EnginePlan, names: BuildNames, labels: dict) -> dict:
+    """The build pod: no ingress; egress DNS plus the web and registry ports."""
+    ports = list(BUILD_EGRESS_PORTS)
+    port = registry_port(plan.repository)
+    if port is not None and port not in ports:
+        ports.append(port)
+    anywhere = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(names.network_policy, names, labels),
+            "spec": {"podSelector": {"matchLabels": dict(labels)},
+                     "policyTypes": ["Ingress", "Egress"], "ingress": [],
+                     "egress": [dns_egress(cfg),
+                                {"to": anywhere,
+                                 "ports": [{"port": p, "protocol": "TCP"} for p in ports]}]}}
 
 
 def buildkit_context(cfg: StackConfig) -> str:
@@ -277,7 +325,8 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {**_meta(names.job, names, labels),
-                     "annotations": {"k3infra.dev/engine-image": plan.tagged_ref or "",
+                     "annotations": {**annotations(*BUILDKIT_SKIPS),
+                                     "k3infra.dev/engine-image": plan.tagged_ref or "",
                                      "k3infra.dev/engine-commit": plan.engine_commit or "",
                                      "k3infra.dev/engine-version": plan.engine_version or ""}},
         "spec": {
@@ -292,6 +341,7 @@ def build_manifests(plan: EnginePlan, cfg: StackConfig, names: BuildNames, label
                     context_files: dict[str, str], job_files: dict[str, str]) -> dict[str, dict]:
     """Every object of an in-cluster build, keyed by role, in apply order."""
     objs = {"namespace": build_namespace(names, labels),
+            "network-policy": network_policy(cfg, plan, names, labels),
             "service-account": service_account(names, labels), "role": role(names, labels),
             "role-binding": role_binding(names, labels),
             "job-files": job_configmap(names, labels, plan, job_files),
