@@ -88,6 +88,16 @@ class ServingConfig(_Section):
     cache_size_gi: int = Field(default=100, ge=1, alias="cacheSizeGi")
     cache_storage_class: Optional[str] = Field(default=None, alias="cacheStorageClass")
     termination_grace_seconds: int = Field(default=180, ge=30, alias="terminationGraceSeconds")
+    # preStop drain before vLLM gets SIGTERM (which aborts requests still running):
+    # unset = endpoint propagation + the receipt's slowest measured request (serving/drain).
+    drain_seconds: Optional[int] = Field(default=None, ge=0, alias="drainSeconds")
+    # RollingUpdate replaces pods one node at a time from the highest ordinal down;
+    # pods with an ordinal below updatePartition keep the old template (a canary: set
+    # it to replicas - 1, check the new pod, then lower it). OnDelete replaces a pod only
+    # when you delete it.
+    update_strategy: Literal["RollingUpdate", "OnDelete"] = Field(default="RollingUpdate",
+                                                                  alias="updateStrategy")
+    update_partition: int = Field(default=0, ge=0, alias="updatePartition")
     port: int = Field(default=8000, ge=1, le=65535)
 
 
@@ -646,6 +656,9 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -
 
 def _check_cross_fields(cfg: StackConfig) -> None:
     receipt = load_receipt()
+    if cfg.serving.update_partition > cfg.replicas:
+        raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
+                          f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")
     if cfg.profile != "custom" and (cfg.custom.args or cfg.custom.env):
         raise ConfigError("k3:custom", cfg.custom.model_dump(),
                           "engine-path changes need k3:profile = custom (the render is then "

@@ -82,6 +82,7 @@ class K3ServingStack(pulumi.ComponentResource):
         cfg = args if isinstance(args, StackConfig) else parse_stack_config(dict(args))
         self.config = cfg
         self.fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+        m.check_shutdown(receipt, cfg)
         lock = load_stack_lock(receipt, cfg)
         resolve_engine(receipt, cfg)      # k3:engine / k3:profile refusals, before anything
         gates.enforce(gates.deployment_gates(receipt, cfg) + engine_gates(cfg))

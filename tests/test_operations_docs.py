@@ -44,9 +44,9 @@ def test_quoted_figures_are_the_derived_ones(receipt):
     assert f"default {cfg.monitoring.p99_margin_pct:g} % margin" in FLAT
     assert f"p50 ({ref.p50_ms / 1000:g} s) and p99 ({ref.p99_ms / 1000:g} s)" in FLAT
     assert f"{startup_budget_seconds(receipt, cfg.serving).total_seconds} s with the defaults" in FLAT
-    assert f"sleeps {m.PRESTOP_DRAIN_SECONDS} s" in FLAT
+    assert f"so it sleeps {m.drain_seconds(receipt, cfg)} s with the shipped receipt" in FLAT
     assert f"default {cfg.serving.termination_grace_seconds})" in FLAT
-    assert f"about {ref.p50_ms / 1000:.1f} s end to end at concurrency {ref.concurrency}" in FLAT
+    assert f"p99 {ref.p99_ms:g} ms at concurrency {ref.concurrency}, rounded up" in FLAT
 
 
 def test_licence_thresholds_are_in_the_doc(receipt):

@@ -156,3 +156,42 @@ def test_serve_command_line_matches_container(receipt):
     cfg = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
                               "k3:engineImage": "r@sha256:" + "1" * 64})
     assert m.serve_command_line(receipt, cfg, c["args"][0]) == " ".join(c["command"] + c["args"])
+
+
+def test_drain_outlasts_the_slowest_measured_request(receipt):
+    c = container(render("existing", PIN))
+    drain = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    slowest_s = max(mm.p99_ms for mm in receipt.measured) / 1000
+    assert drain >= slowest_s + m.ENDPOINT_PROPAGATION_SECONDS
+    grace = manifest(render("existing", PIN), "StatefulSet")["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    assert grace >= drain + m.SHUTDOWN_SECONDS
+
+
+def test_grace_shorter_than_drain_is_refused(tmp_path, capsys):
+    from k3infra.cli import main
+
+    assert main(["render", "--stack", "existing", "--config", PIN, "--config",
+                 "serving.terminationGraceSeconds=40", "--out", str(tmp_path)]) == 2
+    assert "k3:serving.terminationGraceSeconds = 40" in capsys.readouterr().err
+
+
+def test_update_strategy_partition_and_timeouts(receipt):
+    r = render("existing", PIN, "replicas=3", "serving.updatePartition=2")
+    sts = manifest(r, "StatefulSet")
+    assert sts["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                             "rollingUpdate": {"partition": 2}}
+    res = next(x for x in r.resources if x["type"] == "kubernetes:apps/v1:StatefulSet")
+    create, update = (int(res["customTimeouts"][k][:-1]) for k in ("create", "update"))
+    assert update > 2 * create                      # one startup per replica on update
+    r = render("existing", PIN, "serving.updateStrategy=OnDelete")
+    assert manifest(r, "StatefulSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def test_partition_above_replicas_is_refused():
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError, match="k3:serving.updatePartition = 3"):
+        parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
+                            "k3:engineImage": "r@sha256:" + "1" * 64,
+                            "k3:serving": '{"updatePartition": 3}'})

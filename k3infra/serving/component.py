@@ -30,12 +30,14 @@ class VllmServing(pulumi.ComponentResource):
         super().__init__("k3infra:index:VllmServing", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         budget = startup_budget_seconds(receipt, cfg.serving)
-        wait = f"{(budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
+        # Pods start together on create (Parallel) but roll one node at a time on update.
+        create = f"{(budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
+        update = f"{(cfg.replicas * budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
         self.statefulset = apply_manifest(
             f"{name}-statefulset", m.statefulset(receipt, cfg, image, weights, names, instance),
             pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 depends_on=list(depends_on),
-                custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait))))
+                custom_timeouts=pulumi.CustomTimeouts(create=create, update=update))))
         for svc in m.services(cfg, names, instance):
             apply_manifest(f"{name}-svc-{svc['metadata']['name']}", svc, child)
         apply_manifest(f"{name}-pdb", m.disruption_budget(names, instance), child)

@@ -7,11 +7,12 @@ serves `pulumi up` (Outputs) and the offline render (strings).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from k3infra import checkov_skips, placement
-from k3infra.config import StackConfig
+from k3infra.config import ConfigError, StackConfig
 from k3infra.receipt import Receipt
 from k3infra.serving.startup import PROBE_PERIOD_SECONDS, StartupBudget, startup_budget_seconds
 from k3infra.weights.manifests import WeightsParts
@@ -19,9 +20,12 @@ from k3infra.weights.manifests import WeightsParts
 APP = "kimi-k3"
 CACHE_ROOT = "/cache"                 # the compile-cache volume (survives pod restarts)
 API_KEY_SECRET_KEY = "api-key"
-# The LB / kube-proxy needs a moment to drop a terminating pod from the Service before
-# vLLM gets SIGTERM; uvicorn then finishes in-flight requests during the grace period.
-PRESTOP_DRAIN_SECONDS = 15
+# Endpoints and kube-proxy / load balancers need a few seconds to stop sending new
+# requests to a terminating pod.
+ENDPOINT_PROPAGATION_SECONDS = 10
+# Left between the end of the drain and the grace period's SIGKILL, for vLLM's own
+# shutdown (workers, NCCL teardown).
+SHUTDOWN_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,32 @@ def serve_env(receipt: Receipt, cfg: StackConfig, budget: StartupBudget,
     return out
 
 
+def drain_seconds(receipt: Receipt, cfg: StackConfig) -> int:
+    """preStop sleep before SIGTERM. vLLM aborts requests still running when it gets
+    SIGTERM, so the drain outlasts the slowest request the receipt measured (p99 at its
+    highest concurrency) after endpoints stopped sending new ones."""
+    if cfg.serving.drain_seconds is not None:
+        return cfg.serving.drain_seconds
+    slowest_ms = max(mm.p99_ms for mm in receipt.measured if mm.metric == "e2el")
+    return ENDPOINT_PROPAGATION_SECONDS + math.ceil(slowest_ms / 1000)
+
+
+def check_shutdown(receipt: Receipt, cfg: StackConfig) -> None:
+    drain = drain_seconds(receipt, cfg)
+    grace = cfg.serving.termination_grace_seconds
+    if grace < drain + SHUTDOWN_SECONDS:
+        raise ConfigError("k3:serving.terminationGraceSeconds", grace,
+                          f"must be at least the drain ({drain} s) + {SHUTDOWN_SECONDS} s for "
+                          "vLLM's shutdown, or in-flight requests are killed")
+
+
+def update_strategy(cfg: StackConfig) -> dict:
+    if cfg.serving.update_strategy == "OnDelete":
+        return {"type": "OnDelete"}
+    return {"type": "RollingUpdate",
+            "rollingUpdate": {"partition": cfg.serving.update_partition}}
+
+
 def _probe(path: str, port: int, period: int, failures: int, timeout: int = 5) -> dict:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
             "failureThreshold": failures, "timeoutSeconds": timeout}
@@ -153,7 +183,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "startupProbe": _probe("/health", port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
         "readinessProbe": _probe("/health", port, 10, 3),
         "livenessProbe": _probe("/health", port, 30, 4, timeout=10),
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_DRAIN_SECONDS}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds(receipt, cfg)}}},
         "securityContext": {
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
@@ -206,8 +236,8 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
             "replicas": cfg.replicas,
             # Replicas load 1.5 TB each: start them together, not one after another.
             "podManagementPolicy": "Parallel",
-            # One node at a time on updates (see docs/operations.md).
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            # One node at a time, never below the partition (docs/operations.md).
+            "updateStrategy": update_strategy(cfg),
             "selector": {"matchLabels": sel},
             "template": {"metadata": {"labels": labels(instance),
                                       "annotations": pin_annotations(receipt, cfg)},
