@@ -197,6 +197,8 @@ def main() -> int:
 
 
 def prefetch_section(src, paths, lock, lock_file, tmp, total, workers, link_gbps) -> None:
+    # The Hub is a subprocess's peer here: the server runs in this process, the prefetch
+    # in its own (`python -m k3infra.weights prefetch`), as in the Job.
     files = {str(p.relative_to(src)): p.read_bytes() for p in paths}
     links = [("loopback, unthrottled", None)]
     if link_gbps:
@@ -218,6 +220,8 @@ def prefetch_section(src, paths, lock, lock_file, tmp, total, workers, link_gbps
         row(f"{label}: overlapped verify (best of 2)", f"{o:.2f} s", f"{total / o / 1e9:.2f} GB/s")
         row(f"{label}: verify after download (best of 2)", f"{n:.2f} s", f"{total / n / 1e9:.2f} GB/s")
         row(f"{label}: overlap saves", f"{n - o:.2f} s", f"{(n - o) / n:.0%} of the sequential time")
+        if rate:
+            row(f"{label}: link-time floor (bytes / link rate)", f"{total / rate:.2f} s")
 
 
 if __name__ == "__main__":
