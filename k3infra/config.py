@@ -22,7 +22,7 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DIGEST_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SECRET_PLACEHOLDER = "[secret]"
-SECRET_KEYS = ("apiKey", "hfToken", "registryPassword")
+SECRET_KEYS = ("apiKey", "hfToken")
 
 
 class ConfigError(ValueError):

@@ -195,3 +195,14 @@ def test_partition_above_replicas_is_refused():
         parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
                             "k3:engineImage": "r@sha256:" + "1" * 64,
                             "k3:serving": '{"updatePartition": 3}'})
+
+
+def test_upstream_pods_do_not_claim_the_receipt_engine(receipt):
+    r = render("existing", PIN, "profile=upstream", "engine.upstreamVersion=0.33.0")
+    ann = manifest(r, "StatefulSet")["metadata"]["annotations"]
+    assert "k3infra.dev/engine-commit" not in ann
+    assert ann["k3infra.dev/engine-version"] == "0.33.0"
+    assert "not the measured engine" in ann["k3infra.dev/engine"]
+    assert ann["k3infra.dev/measured-configuration"] == "false"
+    ann = manifest(render("existing", PIN), "StatefulSet")["metadata"]["annotations"]
+    assert ann["k3infra.dev/engine-commit"] == receipt.engine.commit

@@ -74,8 +74,10 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
         if not wl.is_serving:
             continue
         profile = stack_config.effective_profile(wl.annotation(PROFILE_ANNOTATION))
+        # An upstream image is not built from the receipt's commit and must not say so.
         expected = {"k3infra.dev/receipt": _R.id,
-                    "k3infra.dev/engine-commit": _R.engine.commit,
+                    "k3infra.dev/engine-commit":
+                        None if profile == "upstream" else _R.engine.commit,
                     "k3infra.dev/weights-repo": _R.model.repo,
                     "k3infra.dev/measured-configuration":
                         "true" if profile == "measured" else "false"}
@@ -89,7 +91,8 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
 receipt_annotations = ResourceValidationPolicy(
     name="k3-receipt-annotations",
     description=(f"Serving pods carry the receipt they reproduce (k3infra.dev/receipt = {_R.id}, "
-                 f"engine commit {_R.engine.commit}, weights repo {_R.model.repo}) and say "
+                 f"engine commit {_R.engine.commit} unless upstream, weights repo "
+                 f"{_R.model.repo}) and say "
                  "honestly whether they are the measured configuration: `k3infra verify` and "
                  "operators read these labels."),
     validate=_receipt_annotations,

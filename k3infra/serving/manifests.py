@@ -75,10 +75,19 @@ def is_measured(cfg: StackConfig) -> bool:
 
 
 def pin_annotations(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
+    """Pins on the StatefulSet and its pods. The engine ones describe the engine the pod
+    really runs (an upstream image carries no receipt commit)."""
+    from k3infra.engine.plan import resolve_engine
+
     measured = is_measured(cfg)
+    engine = resolve_engine(receipt, cfg)
+    engine_pins = {"k3infra.dev/engine": engine.label}
+    if engine.engine_commit:
+        engine_pins["k3infra.dev/engine-commit"] = engine.engine_commit
+    if engine.engine_version:
+        engine_pins["k3infra.dev/engine-version"] = engine.engine_version
     return {"k3infra.dev/receipt": receipt.id,
-            "k3infra.dev/engine-commit": receipt.engine.commit,
-            "k3infra.dev/engine-version": receipt.engine.version,
+            **engine_pins,
             "k3infra.dev/weights-repo": receipt.model.repo,
             "k3infra.dev/weights-revision": cfg.weights_revision,
             "k3infra.dev/tree-digest": receipt.model.tree_digest,
