@@ -161,6 +161,22 @@ class EngineConfig(_Section):
     upstream_version: Optional[str] = Field(default=None, alias="upstreamVersion")
     # prebuilt: the image's dev.k3infra.engine.wheel-sha256 label, carried to the outputs.
     wheel_sha256: Optional[str] = Field(default=None, alias="wheelSha256")
+    # Existing kubernetes.io/dockerconfigjson Secrets in the stack's namespace that pull
+    # the engine image from a private registry (every pod that runs it: serving,
+    # weights prefetch, benchmark).
+    pull_secrets: list[str] = Field(default_factory=list, alias="pullSecrets")
+
+    @field_validator("pull_secrets")
+    @classmethod
+    def _pull_secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not DNS_LABEL_RE.match(name) or len(name) > 63:
+                raise ValueError(f"{name!r} is not a Secret name (DNS label)")
+        return v
+
+    def pull_secret_refs(self) -> dict:
+        """`imagePullSecrets` for a pod spec that runs the engine image ({} when none)."""
+        return {"imagePullSecrets": [{"name": n} for n in self.pull_secrets]} if self.pull_secrets else {}
 
     @field_validator("registry")
     @classmethod

@@ -206,3 +206,14 @@ def test_upstream_pods_do_not_claim_the_receipt_engine(receipt):
     assert ann["k3infra.dev/measured-configuration"] == "false"
     ann = manifest(render("existing", PIN), "StatefulSet")["metadata"]["annotations"]
     assert ann["k3infra.dev/engine-commit"] == receipt.engine.commit
+
+
+def test_pull_secrets_reach_every_pod_running_the_engine_image():
+    r = render("existing", PIN, 'engine.pullSecrets=["regcred"]', "benchmark.enabled=true")
+    engine_pods = [m for m in r.manifests() if m["kind"] in ("StatefulSet", "Job")]
+    assert len(engine_pods) >= 3           # serving, weights prefetch, benchmark
+    for obj in engine_pods:
+        assert obj["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}], \
+            obj["metadata"]["name"]
+    assert "imagePullSecrets" not in manifest(render("existing", PIN), "StatefulSet")[
+        "spec"]["template"]["spec"]

@@ -158,6 +158,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
     pod_labels = {**labels, "app.kubernetes.io/component": COMPONENT}
     spec = {
         "restartPolicy": "Never",
+        **cfg.engine.pull_secret_refs(),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": _pod_security_context(),
@@ -218,7 +219,7 @@ def reader_pod(name: str, namespace: str, claim: str, image: str, job_pod_spec: 
         "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": claim,
                                                                   "readOnly": True}}],
     }
-    for key in ("affinity", "tolerations", "nodeSelector"):
+    for key in ("affinity", "tolerations", "nodeSelector", "imagePullSecrets"):
         if job_pod_spec.get(key):
             spec[key] = job_pod_spec[key]
     return {"apiVersion": "v1", "kind": "Pod",

@@ -211,6 +211,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
     sel = selector_labels(instance)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
+        **cfg.engine.pull_secret_refs(),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": cfg.serving.termination_grace_seconds,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,

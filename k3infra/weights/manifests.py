@@ -169,6 +169,7 @@ def prefetch_job(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, 
     spec: dict[str, Any] = {
         "restartPolicy": "OnFailure",
         "automountServiceAccountToken": False,
+        **cfg.engine.pull_secret_refs(),
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                             "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container("prefetch", image, "prefetch.sh",
