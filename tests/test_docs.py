@@ -38,3 +38,25 @@ def test_readme_carries_every_not_measured_item(receipt):
     for lic in receipt.license.sections:
         assert f"section {lic.section}" in flat
 
+
+
+# Sections whose keys are tabled in their concern's doc (configuration.md links there).
+SECTION_DOCS = {"engine": "engine.md", "nodePool": "clouds.md", "benchmark": "benchmark.md",
+                "monitoring": "operations.md", "network": "operations.md"}
+
+
+def test_every_config_key_is_documented():
+    from pydantic import BaseModel
+
+    from k3infra.config import StackConfig
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for name, field in StackConfig.model_fields.items():
+        key = field.alias or name
+        assert f"k3:{key}" in doc, key
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            text = doc + (ROOT / "docs" / SECTION_DOCS[key]).read_text() if key in SECTION_DOCS else doc
+            for sub_name, sub in ann.model_fields.items():
+                sub_key = sub.alias or sub_name
+                assert f"{key}.{sub_key}" in text or f"`{sub_key}`" in text, f"{key}.{sub_key}"
