@@ -98,7 +98,15 @@ def _lock(args: argparse.Namespace) -> int:
                 raise UsageError("--hub needs --revision <40-hex commit> (a branch name moves)")
             from k3infra.weights.prefetch import lock_from_hub
 
-            lock = lock_from_hub(args.hub, args.revision, emit=out.line)
+            try:
+                lock = lock_from_hub(args.hub, args.revision, emit=out.line)
+            except tree.LockError:
+                raise
+            except Exception as exc:    # the Hub's answer: not found, gated, offline...
+                first = (str(exc).strip().splitlines() or [""])[0]
+                print(f"k3infra weights lock: {args.hub}@{args.revision}: {type(exc).__name__}: {first}",
+                      file=sys.stderr)
+                return 1
         else:
             from k3infra.weights.verify import lock_from_dir
 
