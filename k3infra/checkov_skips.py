@@ -32,5 +32,32 @@ VLLM_API_KEY_ENV = Skip(
     "var comes from the Secret via secretKeyRef, keeping it off the command line")
 
 
+# `vllm bench serve` reads the API key only from OPENAI_API_KEY (its request functions
+# send os.environ["OPENAI_API_KEY"] as the Bearer token); there is no file option.
+BENCH_API_KEY_ENV = Skip(
+    "CKV_K8S_35",
+    "vllm bench serve takes the API key only from OPENAI_API_KEY (no file option); the env "
+    "var comes from the serving Secret via secretKeyRef, keeping it off the command line")
+
+
+# checkov findings on the build Job that rootless BuildKit needs as they are (its
+# examples/kubernetes/job.rootless.yaml), put on the Job as checkov skip annotations.
+BUILDKIT_SKIPS = (
+    Skip("CKV_K8S_20", "rootless BuildKit maps its user namespace with the setuid newuidmap, "
+                       "which needs privilege escalation; it never runs as root"),
+    Skip("CKV_K8S_37", "capabilities cannot all be dropped: newuidmap/newgidmap need "
+                       "CAP_SETUID/CAP_SETGID from their setuid bit"),
+    Skip("CKV_K8S_28", "the documented rootless BuildKit pod keeps the default capability set; "
+                       "a reduced one is not tested here"),
+    Skip("CKV_K8S_40", "the moby/buildkit rootless image's user is uid 1000, with its subuid "
+                       "range set up for that uid"),
+    Skip("CKV_K8S_22", "BuildKit writes its state, runtime dir and temp files across the "
+                       "image's file system; a read-only root is not tested here"),
+)
+
+
+ALL_SKIPS = (ENGINE_IMAGE_UID, VLLM_API_KEY_ENV, BENCH_API_KEY_ENV, *BUILDKIT_SKIPS)
+
+
 def annotations(*skips: Skip) -> dict[str, str]:
     return {f"checkov.io/skip{i}": f"{s.check}={s.reason}" for i, s in enumerate(skips, 1)}

@@ -36,7 +36,7 @@ def is_placeholder(value: str | None) -> bool:
 def license_text(receipt: Receipt) -> str:
     lic = receipt.license
     return (f"The {lic.name} applies to the weights ({lic.commercial_use} commercial use). "
-            f"{lic.thresholds_text()}. {lic.gated_note}. Set k3:acceptModelLicense to true "
+            f"{lic.thresholds_text()}. {lic.gated_note[:1].upper()}{lic.gated_note[1:]}. Set k3:acceptModelLicense to true "
             "once you have read it and your use complies.")
 
 

@@ -7,7 +7,7 @@ import json
 from k3infra.cli import main
 from k3infra.engine.plan import NOT_MEASURED
 
-from conftest import GOOD_REVISION
+from conftest import GOOD_REVISION, PREBUILT, PREBUILT_IMAGE
 
 
 def test_build_args_print_the_receipts_pins(receipt, capsys):
@@ -31,11 +31,13 @@ def test_build_args_refuse_a_node_too_small(capsys):
 
 def test_plan_labels_upstream(capsys):
     assert main(["engine", "plan", "--stack", "existing", "--config",
-                 f"weightsRevision={GOOD_REVISION}", "--config", "k3:profile=upstream"]) == 0
+                 f"weightsRevision={GOOD_REVISION}", "--config", "k3:profile=upstream",
+                 *(a for c in PREBUILT for a in ("--config", c))]) == 0
     assert NOT_MEASURED in " ".join(capsys.readouterr().out.split())
 
 
 def test_plan_refuses_a_bad_engine_config(capsys):
     assert main(["engine", "plan", "--stack", "existing", "--config",
-                 'k3:engine={"build": "local"}']) == 2
+                 'k3:engine={"build": "local", "registry": "registry.example.com/k3/vllm"}',
+                 "--config", f"engineImage={PREBUILT_IMAGE}"]) == 2
     assert "k3:engineImage" in capsys.readouterr().err

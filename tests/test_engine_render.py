@@ -15,7 +15,7 @@ from k3infra.engine.plan import NOT_MEASURED
 from k3infra.policies.runner import check_plan
 from k3infra.render import load_config, run_program
 
-from conftest import GOOD_REVISION, ROOT, container, manifest, render
+from conftest import GOOD_REVISION, PREBUILT, ROOT, container, manifest, render
 
 REPO = "registry.example.com/k3/vllm"
 BUILD = {"registry": REPO, "registrySecret": "push"}
@@ -26,7 +26,7 @@ def render_mode(engine: str) -> object:
     """The shipped `existing` stack switched to a build mode: without k3:engineImage
     (a build's image is its output), with k3:engine set to `engine` (JSON)."""
     raw, secrets = load_config("existing", [f"weightsRevision={GOOD_REVISION}"], ROOT)
-    raw.pop("k3:engineImage")
+    raw.pop("k3:engineImage", None)
     apply_override(raw, f"k3:engine={engine}")
     cwd = os.getcwd()
     os.chdir(ROOT)
@@ -52,7 +52,7 @@ def engine_component(r):
 
 
 def test_prebuilt_render_uses_the_configured_digest(receipt):
-    r = render("existing", f"weightsRevision={GOOD_REVISION}")
+    r = render("existing", f"weightsRevision={GOOD_REVISION}", *PREBUILT)
     engine_component(r)
     image = container(r)["image"]
     assert image == r.raw_config["k3:engineImage"]
@@ -130,7 +130,7 @@ def test_local_render_registers_both_passes():
 
 
 def test_upstream_render_is_labelled_not_the_measured_engine():
-    r = render("existing", f"weightsRevision={GOOD_REVISION}", "k3:profile=upstream",
+    r = render("existing", f"weightsRevision={GOOD_REVISION}", "k3:profile=upstream", *PREBUILT,
                'k3:engine={"build": "prebuilt", "upstreamVersion": "0.33.0"}')
     assert NOT_MEASURED in r.outputs["engineProfile"]
     assert r.outputs["engineCommit"] is None
@@ -140,7 +140,8 @@ def test_upstream_render_is_labelled_not_the_measured_engine():
 
 def test_render_cli_prints_the_engine_label(tmp_path, capsys):
     code = main(["render", "--stack", "existing", "--out", str(tmp_path),
-                 "--config", f"weightsRevision={GOOD_REVISION}", "--config", "k3:profile=upstream"])
+                 "--config", f"weightsRevision={GOOD_REVISION}", "--config", "k3:profile=upstream",
+                 *(a for c in PREBUILT for a in ("--config", c))])
     assert code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert NOT_MEASURED in out

@@ -142,12 +142,14 @@ def test_render_of_the_shipped_stack_warns_with_the_thresholds(receipt):
     for needle in thresholds(receipt):
         assert needle in licence[0]
     assert any(w.startswith("k3:weightsRevision") and "placeholder" in w for w in r.warnings)
-    assert any(w.startswith("k3:engineImage") and "placeholder" in w for w in r.warnings)
+    assert any(w.startswith("k3:engine.buildkitImage") and "placeholder" in w
+               for w in r.warnings)
     assert r.outputs["licenseName"] == receipt.license.name
 
 
 def test_render_with_acknowledgement_has_no_licence_warning(receipt):
-    r = render("existing", PIN, REAL_IMAGE, "acceptModelLicense=true")
+    r = render("existing", PIN, 'engine={"build": "prebuilt"}', REAL_IMAGE,
+               "acceptModelLicense=true")
     assert not [w for w in r.warnings if "k3:acceptModelLicense" in w]
     assert not [w for w in r.warnings if "placeholder" in w]
     assert r.outputs["licenseName"] == receipt.license.name

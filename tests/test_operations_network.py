@@ -41,7 +41,7 @@ def test_serving_policy_selects_the_statefulset_pods_and_only_them():
     r = render("existing", PIN)
     policy = manifest(r, "NetworkPolicy", "kimi-k3-serving")["spec"]["podSelector"]
     sts_pod = manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
-    job_pod = manifest(r, "Job")["spec"]["template"]["metadata"]["labels"]
+    job_pod = manifest(r, "Job", "kimi-k3-weights-prefetch")["spec"]["template"]["metadata"]["labels"]
     assert matches(policy, sts_pod)
     assert not matches(policy, job_pod)
 
@@ -49,7 +49,7 @@ def test_serving_policy_selects_the_statefulset_pods_and_only_them():
 def test_prefetch_policy_selects_the_job_pods_and_only_them():
     r = render("existing", PIN)
     policy = manifest(r, "NetworkPolicy", "kimi-k3-weights-prefetch")["spec"]["podSelector"]
-    assert matches(policy, manifest(r, "Job")["spec"]["template"]["metadata"]["labels"])
+    assert matches(policy, manifest(r, "Job", "kimi-k3-weights-prefetch")["spec"]["template"]["metadata"]["labels"])
     assert not matches(policy, manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"])
 
 

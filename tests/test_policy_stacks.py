@@ -11,13 +11,14 @@ from k3infra.cli import main
 from k3infra.policies.runner import check_plan
 from k3infra.render import write_render
 
-from conftest import STACKS, render
+from conftest import PREBUILT, STACKS, render
 
 VARIATIONS = {
     "benchmark": ('k3:benchmark={"enabled": true}',),
     "monitoring": ('k3:monitoring={"serviceMonitor": true, "prometheusRule": true, '
                    '"dashboard": true}',),
-    "upstream": ("k3:profile=upstream",),
+    "upstream": ("k3:profile=upstream", *PREBUILT),
+    "prebuilt": PREBUILT,
     "hf-token": ("k3:hfToken=placeholder-token",),
     "two-replicas": ("k3:replicas=2",),
 }

@@ -7,7 +7,7 @@ from k3infra.config import parse_stack_config
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 
-from conftest import GOOD_REVISION, container, manifest, render
+from conftest import GOOD_REVISION, PREBUILT, container, manifest, render
 
 PIN = f"weightsRevision={GOOD_REVISION}"
 
@@ -141,12 +141,12 @@ def test_custom_profile_is_labelled_not_measured(receipt):
 def test_replicas_and_node_local_mode():
     r = render("existing", PIN, "replicas=3", "weights.mode=node-local")
     assert manifest(r, "StatefulSet")["spec"]["replicas"] == 3
-    job = manifest(r, "Job")
+    job = manifest(r, "Job", "kimi-k3-weights-prefetch")
     assert job["spec"]["completions"] == 3 and job["spec"]["parallelism"] == 3
     vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
     assert vol["hostPath"]["path"] == "/mnt/k3-weights"
     assert not [m for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"]
-    ns = manifest(r, "Namespace")["metadata"]["labels"]
+    ns = manifest(r, "Namespace", "k3")["metadata"]["labels"]
     assert ns["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
@@ -198,7 +198,7 @@ def test_partition_above_replicas_is_refused():
 
 
 def test_upstream_pods_do_not_claim_the_receipt_engine(receipt):
-    r = render("existing", PIN, "profile=upstream", "engine.upstreamVersion=0.33.0")
+    r = render("existing", PIN, "profile=upstream", *PREBUILT, "engine.upstreamVersion=0.33.0")
     ann = manifest(r, "StatefulSet")["metadata"]["annotations"]
     assert "k3infra.dev/engine-commit" not in ann
     assert ann["k3infra.dev/engine-version"] == "0.33.0"
@@ -210,7 +210,9 @@ def test_upstream_pods_do_not_claim_the_receipt_engine(receipt):
 
 def test_pull_secrets_reach_every_pod_running_the_engine_image():
     r = render("existing", PIN, 'engine.pullSecrets=["regcred"]', "benchmark.enabled=true")
-    engine_pods = [m for m in r.manifests() if m["kind"] in ("StatefulSet", "Job")]
+    # every pod that runs the engine image (the in-cluster build Job runs BuildKit)
+    engine_pods = [m for m in r.manifests() if m["kind"] in ("StatefulSet", "Job")
+                   and m["metadata"]["labels"].get("app.kubernetes.io/component") != "engine-build"]
     assert len(engine_pods) >= 3           # serving, weights prefetch, benchmark
     for obj in engine_pods:
         assert obj["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}], \

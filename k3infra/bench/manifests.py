@@ -38,14 +38,6 @@ JOB_RESOURCES = {"requests": {"cpu": "4", "memory": "16Gi"},
 READER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"},
                     "limits": {"cpu": "2", "memory": "4Gi"}}
 READER_LIFETIME_SECONDS = 900
-# `vllm bench serve` reads the API key only from OPENAI_API_KEY (its request functions
-# send os.environ["OPENAI_API_KEY"] as the Bearer token); there is no file option.
-BENCH_API_KEY_ENV = checkov_skips.Skip(
-    "CKV_K8S_35",
-    "vllm bench serve takes the API key only from OPENAI_API_KEY (no file option); the env "
-    "var comes from the serving Secret via secretKeyRef, keeping it off the command line")
-
-
 @dataclass(frozen=True)
 class BenchmarkNames:
     base: str
@@ -176,7 +168,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
                          "annotations": {"k3infra.dev/receipt": receipt.id,
                                          "k3infra.dev/results-claim": names.pvc,
                                          **checkov_skips.annotations(
-                                             checkov_skips.ENGINE_IMAGE_UID, BENCH_API_KEY_ENV)}},
+                                             checkov_skips.ENGINE_IMAGE_UID, checkov_skips.BENCH_API_KEY_ENV)}},
             # One attempt: a retried benchmark would mix two runs' evidence.
             "spec": {"backoffLimit": 0, "activeDeadlineSeconds": job_timeout_seconds(cfg),
                      "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}

@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from k3infra import placement
-from k3infra.checkov_skips import Skip, annotations
+from k3infra import checkov_skips, placement
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
 from k3infra.operations.network import dns_egress
@@ -35,22 +34,6 @@ RESULT_KEYS = ("digest", "image", "wheelSha256", "engineCommit", "vllmVersion")
 # (HTTP), the target registry; the report container reaches the API server (443 on the
 # Service, 6443 on most control-plane endpoints after DNAT).
 BUILD_EGRESS_PORTS = (80, 443, 6443)
-
-# checkov findings on the build Job that rootless BuildKit needs as they are (its
-# examples/kubernetes/job.rootless.yaml), put on the Job as checkov skip annotations.
-BUILDKIT_SKIPS = (
-    Skip("CKV_K8S_20", "rootless BuildKit maps its user namespace with the setuid newuidmap, "
-                       "which needs privilege escalation; it never runs as root"),
-    Skip("CKV_K8S_37", "capabilities cannot all be dropped: newuidmap/newgidmap need "
-                       "CAP_SETUID/CAP_SETGID from their setuid bit"),
-    Skip("CKV_K8S_28", "the documented rootless BuildKit pod keeps the default capability set; "
-                       "a reduced one is not tested here"),
-    Skip("CKV_K8S_40", "the moby/buildkit rootless image's user is uid 1000, with its subuid "
-                       "range set up for that uid"),
-    Skip("CKV_K8S_22", "BuildKit writes its state, runtime dir and temp files across the "
-                       "image's file system; a read-only root is not tested here"),
-)
-
 
 @dataclass(frozen=True)
 class BuildNames:
@@ -325,7 +308,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {**_meta(names.job, names, labels),
-                     "annotations": {**annotations(*BUILDKIT_SKIPS),
+                     "annotations": {**checkov_skips.annotations(*checkov_skips.BUILDKIT_SKIPS),
                                      "k3infra.dev/engine-image": plan.tagged_ref or "",
                                      "k3infra.dev/engine-commit": plan.engine_commit or "",
                                      "k3infra.dev/engine-version": plan.engine_version or ""}},
