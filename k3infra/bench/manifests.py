@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from k3infra import checkov_skips, placement
+from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 from k3infra.weights.manifests import WeightsParts
@@ -107,15 +108,6 @@ def job_timeout_seconds(cfg: StackConfig) -> int:
     return cfg.benchmark.timeout_minutes * 60
 
 
-def _security_context() -> dict:
-    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
-def _pod_security_context() -> dict:
-    return {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _gpu_node_placement(cfg: StackConfig) -> dict:
@@ -142,7 +134,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
         "name": "bench", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{RUNTIME_DIR}/pod_runner.py",
                     *runner_args(receipt, cfg, base_url, weights.model_dir)],
-        "env": env, "resources": JOB_RESOURCES, "securityContext": _security_context(),
+        "env": env, "resources": JOB_RESOURCES, "securityContext": container_security_context(),
         "volumeMounts": [*weight_mounts,
                          {"name": "bench-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},
@@ -153,7 +145,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
         **cfg.engine.pull_secret_refs(),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": _pod_security_context(),
+        "securityContext": pod_security_context(),
         **_gpu_node_placement(cfg),
         "containers": [container],
         "volumes": [*weight_volumes,
@@ -202,11 +194,11 @@ def reader_pod(name: str, namespace: str, claim: str, image: str, job_pod_spec: 
     spec = {
         "restartPolicy": "Never", "automountServiceAccountToken": False,
         "enableServiceLinks": False, "activeDeadlineSeconds": READER_LIFETIME_SECONDS,
-        "securityContext": _pod_security_context(),
+        "securityContext": pod_security_context(),
         "containers": [{
             "name": "reader", "image": image, "imagePullPolicy": "IfNotPresent",
             "command": ["python3", "-c", f"import time; time.sleep({READER_LIFETIME_SECONDS})"],
-            "resources": READER_RESOURCES, "securityContext": _security_context(),
+            "resources": READER_RESOURCES, "securityContext": container_security_context(),
             "volumeMounts": [{"name": "results", "mountPath": RESULTS_DIR, "readOnly": True}]}],
         "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": claim,
                                                                   "readOnly": True}}],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3infra import checkov_skips, placement
+from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
 from k3infra.receipt import Receipt
 from k3infra.serving.startup import PROBE_PERIOD_SECONDS, StartupBudget, startup_budget_seconds
@@ -193,10 +194,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "readinessProbe": _probe("/health", port, 10, 3),
         "livenessProbe": _probe("/health", port, 30, 4, timeout=10),
         "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds(receipt, cfg)}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": container_security_context(),
         "volumeMounts": [*weights.main_mounts,
                          {"name": "cache", "mountPath": CACHE_ROOT},
                          {"name": "dshm", "mountPath": "/dev/shm"},
@@ -214,8 +212,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         **cfg.engine.pull_secret_refs(),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": cfg.serving.termination_grace_seconds,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                            "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security_context(),
         "affinity": {
             "nodeAffinity": placement.node_affinity([cfg.gpu_product],
                                                     cfg.node_pool.provider != "existing"),

@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any, Optional
 
 from k3infra import checkov_skips, placement
+from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 
@@ -137,17 +138,11 @@ def _env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
     return env
 
 
-def _security_context() -> dict:
-    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
 def _container(name: str, image: Any, script: str, env: list[dict], base: str,
                resources_: dict) -> dict:
     return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
             "command": ["sh", f"{RUNTIME_DIR}/{script}"], "env": env,
-            "resources": resources_, "securityContext": _security_context(),
+            "resources": resources_, "securityContext": container_security_context(),
             "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
                              {"name": names(base)["runtime"], "mountPath": RUNTIME_DIR,
                               "readOnly": True},
@@ -170,8 +165,7 @@ def prefetch_job(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, 
         "restartPolicy": "OnFailure",
         "automountServiceAccountToken": False,
         **cfg.engine.pull_secret_refs(),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                            "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security_context(),
         "containers": [_container("prefetch", image, "prefetch.sh",
                                   _env(receipt, cfg, lay, hf_token_secret), base,
                                   JOB_RESOURCES)],
