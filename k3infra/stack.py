@@ -26,7 +26,7 @@ from k3infra.receipt import Receipt, load_receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.component import VllmServing
 from k3infra.weights.component import WeightsPrefetch
-from k3infra.weights.lockfile import load_stack_lock
+from k3infra.weights.lockcheck import load_stack_lock
 
 
 class K3ServingStackArgs(TypedDict, total=False):

@@ -50,7 +50,7 @@ def _render(args: argparse.Namespace) -> int:
     console.print(counts)
     from k3infra.preflight import preflight_report
     from k3infra.receipt import load_receipt
-    from k3infra.weights.lockfile import load_stack_lock
+    from k3infra.weights.lockcheck import load_stack_lock
     lock = load_stack_lock(load_receipt(), cfg, root)
     for line in preflight_report(cfg, lock_total_bytes=lock.total_bytes if lock else None):
         console.print(f"preflight {line}")

@@ -2,19 +2,24 @@
 
 The receipt publishes the measured tree's digest. A lock whose k3-tree-v1 digest differs
 describes another tree: "not the measured tree", an error unless the stack runs
-`profile: custom` (then a warning the render carries).
+`profile: custom` (whose every object is labelled as not measured anyway).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Union
 
+from k3infra.config import ConfigError, StackConfig
+from k3infra.receipt import Receipt
 from k3infra.weights.tree import Lock, LockError, load_lock
 
 NOT_MEASURED = "not the measured tree"
+KEY = "k3:weights.lockFile"
 
 
-class NotMeasuredTree(LockError):
-    """The lock's tree digest is not the receipt's."""
+class NotMeasuredTree(ConfigError):
+    """The stack's lock is not the receipt's tree (and the profile is not custom)."""
 
 
 def compare_with_receipt(lock: Union[Lock, str], receipt_digest: str) -> Union[bool, str]:
@@ -28,21 +33,43 @@ def compare_with_receipt(lock: Union[Lock, str], receipt_digest: str) -> Union[b
             f"the receipt measured {receipt_digest}")
 
 
-def check_stack_lock(path: str, profile: str, receipt_digest: Optional[str] = None) -> tuple[Lock, Optional[str]]:
-    """Load the stack's lock file and hold it against the receipt.
+@dataclass(frozen=True)
+class StackLock:
+    """The stack's lock file: its exact text (shipped to pods unchanged) and content."""
 
-    Returns (lock, warning): warning is the mismatch message under `profile: custom`,
-    None on a match. Raises NotMeasuredTree on a mismatch under any other profile, and
-    LockError for a malformed lock."""
-    if receipt_digest is None:
-        from k3infra.receipt import load_receipt
+    path: str
+    text: str
+    lock: Lock
 
-        receipt_digest = load_receipt().model.tree_digest
-    lock, _sha = load_lock(path)
-    verdict = compare_with_receipt(lock, receipt_digest)
-    if verdict is True:
-        return lock, None
-    if profile == "custom":
-        return lock, f"{verdict} (accepted: profile custom)"
-    raise NotMeasuredTree(f"k3:weights.lockFile {path}: {verdict}; set k3:profile to custom to "
-                          "serve another tree")
+    @property
+    def total_bytes(self) -> int:
+        return self.lock.total_bytes
+
+
+def load_stack_lock(receipt: Receipt, cfg: StackConfig,
+                    root: Optional[Path] = None) -> Optional[StackLock]:
+    """`k3:weights.lockFile`, checked at program start: a well-formed k3-tree-v1 lock
+    (its digest recomputed from its file list), of the configured revision, of the
+    receipt's tree unless `k3:profile` is custom. None when the stack ships no lock (the
+    prefetch Job then derives it from the Hub at the pinned revision and checks the same
+    digest in the pod)."""
+    if cfg.weights.lock_file is None:
+        return None
+    path = Path(cfg.weights.lock_file)
+    if not path.is_absolute() and root is not None:
+        path = root / path
+    try:
+        lock, _sha = load_lock(str(path))
+        text = path.read_text()
+    except LockError as exc:
+        raise ConfigError(KEY, cfg.weights.lock_file, f"must be a valid k3-tree-v1 lock: {exc}")
+    if lock.revision != cfg.weights_revision:
+        raise ConfigError(KEY, cfg.weights.lock_file,
+                          f"the lock pins revision {lock.revision}, k3:weightsRevision is "
+                          f"{cfg.weights_revision}: they must be the same commit")
+    verdict = compare_with_receipt(lock, receipt.model.tree_digest)
+    if verdict is not True and cfg.profile != "custom":
+        raise NotMeasuredTree(KEY, cfg.weights.lock_file,
+                              f"{verdict}; k3:profile custom serves another tree, labelled "
+                              "as not measured")
+    return StackLock(str(path), text, lock)

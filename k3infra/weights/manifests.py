@@ -127,6 +127,7 @@ def _env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
            {"name": "K3_LOCK", "value": lay.lock},
            {"name": "K3_WEIGHTS_MODE", "value": cfg.weights.mode},
            {"name": "K3_HASH_WORKERS", "value": str(HASH_WORKERS)},
+           {"name": "K3_RUNTIME_DIR", "value": RUNTIME_DIR},
            {"name": "PYTHONPATH", "value": RUNTIME_DIR},
            {"name": "HF_XET_HIGH_PERFORMANCE", "value": "1"},
            {"name": "HOME", "value": "/tmp"}]

@@ -10,10 +10,10 @@ fi
 if [ "$K3_WEIGHTS_MODE" = "node-local" ]; then
   if [ ! -f "$K3_LOCK" ] || ! python3 -m k3weights verify "$K3_TREE" --lock "$K3_LOCK" --require-marker; then
     echo "k3 gate: this node's weights are missing or unverified: fetching what is missing" >&2
-    sh /etc/k3/weights/prefetch.sh
+    sh "$K3_RUNTIME_DIR"/prefetch.sh
   fi
 fi
-sh /etc/k3/weights/check-lock.sh
+sh "$K3_RUNTIME_DIR"/check-lock.sh
 if ! python3 -m k3weights verify "$K3_TREE" --lock "$K3_LOCK" --require-marker --workers "$K3_HASH_WORKERS"; then
   echo "k3 gate: weights at $K3_TREE are not verified against $K3_LOCK; refusing to serve" >&2
   exit 1
