@@ -180,6 +180,9 @@ def test_aws_launch_template_capacity_block_efa_and_local_nvme():
     assert doc["kind"] == "NodeConfig"
     assert doc["spec"]["instance"]["localStorage"] == {"strategy": "RAID0",
                                                        "mountPath": "/mnt/nvme/k3"}
+    # the mounted root belongs to the engine image's user (the prefetch runs as it)
+    shell = text.split("Content-Type: text/x-shellscript", 1)[1]
+    assert "chown 1000:1000 /mnt/nvme/k3" in shell
     assert one(reg, "aws:eks/nodeGroup:NodeGroup")["capacityType"] == "CAPACITY_BLOCK"
 
 
@@ -237,6 +240,7 @@ def test_oci_node_local_weights_stripe_the_nvme(tmp_path):
     init = _decoded_user_data(pool["nodeMetadata"]["user_data"])
     assert "mdadm --create" in init and "/mnt/k3-weights" in init
     assert init.index("mdadm") < init.index("oke-init.sh")    # mounted before kubelet starts
+    assert init.index("mount -o noatime") < init.index("chown 1000:1000 /mnt/k3-weights")
     script = tmp_path / "init.sh"
     script.write_text(init)
     subprocess.run(["bash", "-n", str(script)], check=True)

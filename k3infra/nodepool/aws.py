@@ -21,6 +21,7 @@ import yaml
 
 from k3infra.config import AwsPoolConfig
 from k3infra.kube import apply_manifest
+from k3infra.nodepool.localdisk import own_root_script
 from k3infra.nodepool.base import (AWS_AMI_TYPE, AWS_INSTANCE_TYPE, PoolSpec,
                                    cloud_taint_effect)
 
@@ -46,9 +47,13 @@ def node_config(spec: PoolSpec) -> dict[str, Any]:
 def user_data(spec: PoolSpec) -> str:
     """MIME multi-part user data; EKS merges its own NodeConfig (cluster details) in."""
     body = yaml.safe_dump(node_config(spec), sort_keys=False)
-    return (f"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{_BOUNDARY}\"\n\n"
-            f"--{_BOUNDARY}\nContent-Type: application/node.eks.aws\n\n---\n{body}"
-            f"\n--{_BOUNDARY}--\n")
+    parts = (f"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{_BOUNDARY}\"\n\n"
+             f"--{_BOUNDARY}\nContent-Type: application/node.eks.aws\n\n---\n{body}")
+    if spec.node_local_root is not None:
+        # Runs after nodeadm mounted the instance store (its config phase comes first).
+        parts += (f"\n--{_BOUNDARY}\nContent-Type: text/x-shellscript; charset=\"us-ascii\"\n\n"
+                  f"#!/bin/bash\nset -euo pipefail\n{own_root_script(spec.node_local_root)}")
+    return parts + f"\n--{_BOUNDARY}--\n"
 
 
 def user_data_base64(spec: PoolSpec) -> str:

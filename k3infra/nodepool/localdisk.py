@@ -35,11 +35,21 @@ if ! mountpoint -q "$k3_root"; then
     echo "k3infra: no unused local NVMe disk found; $k3_root stays on the boot disk" >&2
   fi
 fi
-"""
+@OWN@"""
+
+
+def own_root_script(root: str) -> str:
+    """The weights root belongs to the engine image's user: the prefetch and the gate run
+    as that uid, and the kubelet would create a missing hostPath root-owned."""
+    from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
+
+    q = shlex.quote(root)
+    return f"mkdir -p {q}\nchown {ENGINE_UID}:{ENGINE_GID} {q}\nchmod 0750 {q}\n"
 
 
 def raid0_mount_script(root: str) -> str:
     """Bash fragment (no shebang) that is safe to run on every boot."""
     if not root.startswith("/") or ".." in root.split("/"):
         raise ValueError(f"mount root must be an absolute path without '..': {root!r}")
-    return _SCRIPT.replace("@ROOT@", shlex.quote(root)).replace("@MD@", MD_NAME)
+    return (_SCRIPT.replace("@ROOT@", shlex.quote(root)).replace("@MD@", MD_NAME)
+            .replace("@OWN@", own_root_script(root)))
