@@ -12,43 +12,14 @@ import argparse
 import sys
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
-    return value
-
-
 def register(parser: argparse.ArgumentParser) -> None:
+    from k3infra.weights.__main__ import add_commands
+
     sub = parser.add_subparsers(dest="weights_command", metavar="COMMAND", required=True)
-
-    lock = sub.add_parser("lock", help="write a k3-tree-v1 lock from a local tree or from Hub metadata")
-    lock.add_argument("dir", nargs="?", help="local tree to hash (omit with --hub)")
-    lock.add_argument("--hub", metavar="REPO", help="build the lock from Hub metadata (no shard download)")
-    lock.add_argument("--repo", help="repo recorded for a local tree (default: the receipt's model repo)")
-    lock.add_argument("--revision", help="40-hex commit (local tree: default from huggingface_hub's "
-                      "local-dir metadata)")
-    lock.add_argument("--out", required=True, help="lock file to write (atomically)")
-    lock.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
-    lock.set_defaults(func=_lock)
-
-    ver = sub.add_parser("verify", help="verify a tree against its lock (exit 0 only on an exact match)")
-    ver.add_argument("dir")
-    ver.add_argument("--lock", required=True)
-    ver.add_argument("--full", action="store_true", help="ignore stamps: re-hash every file")
-    ver.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
-    ver.add_argument("--require-marker", action="store_true",
-                     help="also require the prefetch marker naming this lock's digest and revision")
-    ver.set_defaults(func=_verify)
-
-    pre = sub.add_parser("prefetch", help="download the locked tree, verify as files land, write the marker")
-    pre.add_argument("--lock", required=True)
-    pre.add_argument("--dest", required=True)
-    pre.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
-    pre.add_argument("--max-download-workers", type=_positive, default=8, help="files at once (default 8)")
-    pre.add_argument("--no-overlap", action="store_true", help="hash only after all downloads finished")
-    pre.add_argument("--attempts", type=_positive, default=3, help="downloads per file at most (default 3)")
-    pre.set_defaults(func=_prefetch)
+    commands = add_commands(sub)          # the pod runtime's own arguments, exactly
+    commands["lock"].set_defaults(func=_lock)
+    commands["verify"].set_defaults(func=_verify)
+    commands["prefetch"].set_defaults(func=_prefetch)
 
 
 class _Out:

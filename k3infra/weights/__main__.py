@@ -23,21 +23,21 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    lock = sub.add_parser("lock", help="write a lock file from a local tree or from Hub metadata")
+def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
+    """The lock / verify / prefetch subcommands and their arguments, on `sub` (an
+    argparse subparsers object). The `k3infra weights` CLI adds the same ones and only
+    swaps the handlers, so both command lines accept exactly the same arguments."""
+    lock = sub.add_parser("lock", help="write a k3-tree-v1 lock from a local tree or from Hub metadata")
     lock.add_argument("dir", nargs="?", help="local tree to hash (omit with --hub)")
-    lock.add_argument("--hub", metavar="REPO", help="build the lock from Hub metadata for REPO")
-    lock.add_argument("--repo", help="repo to record for a local tree")
+    lock.add_argument("--hub", metavar="REPO", help="build the lock from Hub metadata (no shard download)")
+    lock.add_argument("--repo", help="repo recorded for a local tree")
     lock.add_argument("--revision", help="40-hex commit (for a local tree: inferred from "
                       "huggingface_hub's local-dir metadata when present)")
     lock.add_argument("--out", required=True, help="lock file to write (atomically)")
     lock.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
     lock.set_defaults(func=_lock)
 
-    ver = sub.add_parser("verify", help="verify a tree against its lock")
+    ver = sub.add_parser("verify", help="verify a tree against its lock (exit 0 only on an exact match)")
     ver.add_argument("dir")
     ver.add_argument("--lock", required=True)
     ver.add_argument("--full", action="store_true", help="ignore stamps: re-hash every file")
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also require the prefetch's marker naming this lock's digest and revision")
     ver.set_defaults(func=_verify)
 
-    pre = sub.add_parser("prefetch", help="download the locked tree, verify it, write the marker")
+    pre = sub.add_parser("prefetch", help="download the locked tree, verify as files land, write the marker")
     pre.add_argument("--lock", required=True)
     pre.add_argument("--dest", required=True)
     pre.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="hash only after all downloads finished (for comparison)")
     pre.add_argument("--attempts", type=_positive, default=3, help="downloads per file at most (default 3)")
     pre.set_defaults(func=_prefetch)
+    return {"lock": lock, "verify": ver, "prefetch": pre}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     return parser
 
 
