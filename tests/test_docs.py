@@ -60,3 +60,12 @@ def test_every_config_key_is_documented():
             for sub_name, sub in ann.model_fields.items():
                 sub_key = sub.alias or sub_name
                 assert f"{key}.{sub_key}" in text or f"`{sub_key}`" in text, f"{key}.{sub_key}"
+
+
+def test_readme_policy_count_is_the_packs():
+    from pulumi_policy import EnforcementLevel
+
+    from k3infra.policies import POLICIES
+
+    mandatory = sum(1 for p in POLICIES if p.enforcement_level == EnforcementLevel.MANDATORY)
+    assert f"{len(POLICIES)} policies ({mandatory} mandatory)" in " ".join(README.split())
