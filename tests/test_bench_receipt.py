@@ -125,7 +125,8 @@ def test_written_receipt_reads_back_with_hashes(tmp_path, receipt):
     for p in paths:
         digest = hashlib.sha256(p.read_bytes()).hexdigest()
         assert f"{digest}  {p.name}" in sidecar
-        assert digest in text
+        assert {"file": p.name, "sha256": digest} in [
+            {"file": e.file, "sha256": e.sha256} for e in again.evidence]
     assert parse_receipt(yaml.safe_load(text)) == again
 
 

@@ -13,8 +13,8 @@ What comes from where:
   concurrency, in % of their mean (the receipt's "two runs agreed within 0.4 %");
 - not measured: the base list, minus concurrency items these results now cover, plus
   what these results leave out. Residency is carried over and said to be so.
-The raw files are referenced by sha256 in the receipt's header and in a sidecar
-`<receipt>.sha256` (sha256sum -c format); the schema has no field for them.
+The raw files are referenced by sha256 in the receipt's `evidence` list, and in a
+sidecar `<receipt>.sha256` (sha256sum -c format) for checking them with one command.
 """
 from __future__ import annotations
 
@@ -204,6 +204,9 @@ def build_receipt(base: Receipt, results: Sequence[BenchResult], inputs: Receipt
                 data["measured"].append({"concurrency": c, "metric": metric,
                                          "p50_ms": round(percentile(values, 50), 2),
                                          "p99_ms": round(percentile(values, 99), 2)})
+    data["evidence"] = [{"file": Path(r.source).name, "sha256": r.sha256,
+                         "concurrency": r.max_concurrency, "role": r.role or "measured"}
+                        for r in results]
     data["not_measured"] = _not_measured(
         base, set(groups), agreement is None,
         hw["gpu_product_label"] != base.hardware.gpu_product_label)
@@ -216,10 +219,8 @@ def build_receipt(base: Receipt, results: Sequence[BenchResult], inputs: Receipt
 def receipt_yaml(receipt: Receipt, base: Receipt, results: Sequence[BenchResult]) -> str:
     header = [f"# Receipt {receipt.id}: written by `k3infra bench receipt` from "
               f"{len(results)} vllm bench serve result file(s),",
-              f"# starting from receipt {base.id}. Raw files (sha256, also in the .sha256 "
-              "sidecar):"]
-    header += [f"#   {r.sha256}  {Path(r.source).name}  "
-               f"(c={r.max_concurrency}, {r.role or 'measured'})" for r in results]
+              f"# starting from receipt {base.id}. Raw files: `evidence` (and the .sha256 "
+              "sidecar)."]
     body = yaml.safe_dump(receipt.model_dump(by_alias=True, mode="json"), sort_keys=False,
                           allow_unicode=True, width=100)
     return "\n".join(header) + "\n" + body

@@ -153,6 +153,15 @@ class Measurement(_Strict):
     p99_ms: float = Field(gt=0)
 
 
+class Evidence(_Strict):
+    """A raw result file behind the measured figures, by hash (`k3infra bench receipt`)."""
+
+    file: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    concurrency: Optional[int] = Field(default=None, gt=0)
+    role: Literal["warmup", "measured"] = "measured"
+
+
 class GpuSpec(_Strict):
     memory_gib: Optional[float] = Field(default=None, gt=0)
     free_gib: Optional[float] = Field(default=None, gt=0)
@@ -185,6 +194,7 @@ class Receipt(_Strict):
     residency: Residency
     workload_a: WorkloadA
     measured: list[Measurement]
+    evidence: list[Evidence] = Field(default_factory=list)
     not_measured: list[str] = Field(min_length=1)
     gpus: dict[str, GpuSpec]
     license: License
