@@ -219,3 +219,17 @@ def test_pull_secrets_reach_every_pod_running_the_engine_image():
             obj["metadata"]["name"]
     assert "imagePullSecrets" not in manifest(render("existing", PIN), "StatefulSet")[
         "spec"]["template"]["spec"]
+
+
+def test_pods_run_as_the_engine_images_user():
+    """The uid in podsecurity is the user images/Dockerfile creates and switches to."""
+    import re
+
+    from conftest import ROOT
+    from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
+
+    dockerfile = (ROOT / "images" / "Dockerfile").read_text()
+    assert re.search(rf"useradd --uid {ENGINE_UID} --gid {ENGINE_GID}\b", dockerfile)
+    assert re.search(rf"^USER {ENGINE_UID}:{ENGINE_GID}$", dockerfile, re.M)
+    sc = container(render("existing", PIN))["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"]) == (ENGINE_UID, ENGINE_GID)
