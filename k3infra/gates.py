@@ -19,6 +19,8 @@ PLACEHOLDER_HEX = "0" * 64
 class Gate:
     key: str
     message: str
+    # False: a label to show, never a refusal (a non-measured profile is a choice).
+    refuses: bool = True
 
 
 class GateError(RuntimeError):
@@ -52,12 +54,9 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
         gates_note = ("the upstream engine is not the measured engine"
                       if cfg.profile == "upstream" else "custom engine-path settings")
         gates.append(Gate("k3:profile", f"{cfg.profile}: NOT the measured configuration of "
-                          f"receipt {receipt.id} ({gates_note}); figures must be re-measured",))
+                          f"receipt {receipt.id} ({gates_note}); figures must be re-measured",
+                          refuses=False))
     return gates
-
-
-# A non-measured profile is a label, not a refusal: it warns even on update.
-_WARN_ONLY = {"k3:profile"}
 
 
 def is_update() -> bool:
@@ -70,7 +69,7 @@ def enforce(gates: list[Gate]) -> None:
     """Warn about every gate; on an update, refuse if any refusing gate is open."""
     import pulumi
 
-    refusing = [g for g in gates if g.key not in _WARN_ONLY]
+    refusing = [g for g in gates if g.refuses]
     for g in gates:
         pulumi.log.warn(f"{g.key}: {g.message}")
     if refusing and is_update():

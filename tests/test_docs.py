@@ -69,3 +69,30 @@ def test_readme_policy_count_is_the_packs():
 
     mandatory = sum(1 for p in POLICIES if p.enforcement_level == EnforcementLevel.MANDATORY)
     assert f"{len(POLICIES)} policies ({mandatory} mandatory)" in " ".join(README.split())
+
+
+def test_serving_doc_figures_are_the_derived_ones(receipt):
+    """docs/serving.md and docs/configuration.md quote the defaults and the figures
+    derived from the receipt; they must be what the code computes."""
+    from k3infra.config import parse_stack_config
+    from k3infra.serving import manifests as m
+    from k3infra.serving.startup import startup_budget_seconds
+
+    cfg = parse_stack_config({"k3:weightsRevision": "a" * 40, "k3:apiKey": "x",
+                              "k3:engineImage": "r@sha256:" + "1" * 64})
+    b = startup_budget_seconds(receipt, cfg.serving)
+    serving = " ".join((ROOT / "docs" / "serving.md").read_text().split())
+    configuration = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
+    s = cfg.serving
+    assert (f"ceil({b.load_seconds} x {s.startup_safety_factor:g}) + "
+            f"{s.compile_allowance_seconds} = {b.total_seconds} s") in serving
+    assert f"allows {b.failure_threshold} failures" in serving
+    assert f"({m.drain_seconds(receipt, cfg)} s with the shipped receipt" in serving
+    assert f"(default {s.termination_grace_seconds} s)" in serving
+    assert f"(default {s.cpu})" in serving and f"(default {s.memory_gi} Gi)" in serving
+    assert f"(default {s.shm_size_gi} Gi)" in serving
+    assert f"slowest measured request ({m.drain_seconds(receipt, cfg)} s)" in configuration
+    for key, value in (("cpu", s.cpu), ("memoryGi", s.memory_gi), ("shmSizeGi", s.shm_size_gi),
+                       ("terminationGraceSeconds", s.termination_grace_seconds),
+                       ("compileAllowanceSeconds", s.compile_allowance_seconds)):
+        assert f"`serving.{key}` | `{value}`" in configuration, key

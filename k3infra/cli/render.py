@@ -22,7 +22,7 @@ def _render(args: argparse.Namespace) -> int:
     from k3infra.cli import UsageError
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.hbm import HbmError
-    from k3infra.render import load_config, project_root, render_stack, write_render
+    from k3infra.render import project_root, render_stack, write_render
     from k3infra.summary import summary_rows
 
     console = Console()
@@ -37,8 +37,7 @@ def _render(args: argparse.Namespace) -> int:
             raise UsageError(str(cause)) from None
         raise
     written = write_render(render, args.out)
-    raw, secrets = load_config(args.stack, args.config, root)
-    cfg = parse_stack_config(raw, tuple(secrets))
+    cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys))
 
     table = Table(title=f"k3infra render: stack {args.stack}", show_header=False)
     for key, value in summary_rows(cfg, render):

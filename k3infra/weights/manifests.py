@@ -8,7 +8,6 @@ Job and the gate run in the engine image with nothing extra to build.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
@@ -208,10 +207,3 @@ def serving_parts(receipt: Receipt, cfg: StackConfig, base: str, image: Any,
         volumes=[_storage_volume(base, cfg), _runtime_volume(base, has_lock)],
         init_containers=[gate],
         main_mounts=[{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT, "readOnly": True}])
-
-
-def read_lock(path: str) -> tuple[str, dict]:
-    """A lock file's text and parsed JSON (the stack ships the text unchanged)."""
-    with open(path) as fh:
-        text = fh.read()
-    return text, json.loads(text)
