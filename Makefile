@@ -6,7 +6,7 @@ SCANVENV := .venv-scan
 STACK   ?= existing
 OUT     ?= build/render/$(STACK)
 
-.PHONY: render test venv scan-venv clean
+.PHONY: render test venv scan-venv engine e2e clean
 
 $(BIN)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,19 @@ render: venv
 
 test: venv scan-venv
 	K3INFRA_CHECKOV=$(abspath $(SCANVENV))/bin/checkov $(BIN)/python -m pytest
+
+# The real Pulumi engine and a Kubernetes control plane, built from Go modules into a cache
+# outside the work tree (tools/engine/build.sh prints the bin dir as its last line).
+engine:
+	tools/engine/build.sh
+
+# The real-engine tests (tests/e2e/, marked e2e): the README's paths with real binaries.
+e2e: venv
+	@start=$$(date +%s); \
+	bin=$$(tools/engine/build.sh | tail -n 1); \
+	echo "e2e: engine bin $$bin (build/reuse $$(( $$(date +%s) - start )) s)"; \
+	K3INFRA_ENGINE_BIN=$$bin $(BIN)/python -m pytest -m e2e -p no:cacheprovider tests/e2e; \
+	rc=$$?; echo "e2e: total $$(( $$(date +%s) - start )) s"; exit $$rc
 
 clean:
 	rm -rf build

@@ -709,8 +709,23 @@ def _check_cross_fields(cfg: StackConfig) -> None:
 
 # --- reading config from a stack file (offline render) --------------------------------
 
+STACK_DIR = "stacks"                 # Pulumi.yaml's stackConfigDir: the user's own stack files
+STACK_TEMPLATES = "stacks/examples"  # tracked templates, never carrying a ciphertext
+
+
 def stack_file(stack: str, root: Path) -> Path:
-    return root / "stacks" / f"Pulumi.{stack}.yaml"
+    """The user's `stacks/Pulumi.<stack>.yaml` if it exists, else the shipped template.
+
+    Templates carry no `secure:` value (a ciphertext is bound to one stack's key); users
+    copy a template into `stacks/` and `pulumi config set --secret` writes their own."""
+    own = root / STACK_DIR / f"Pulumi.{stack}.yaml"
+    return own if own.is_file() else root / STACK_TEMPLATES / f"Pulumi.{stack}.yaml"
+
+
+def stack_names(root: Path) -> list[str]:
+    """Every stack a render can name: the shipped templates and the user's own files."""
+    files = [*(root / STACK_TEMPLATES).glob("Pulumi.*.yaml"), *(root / STACK_DIR).glob("Pulumi.*.yaml")]
+    return sorted({p.name[len("Pulumi."):-len(".yaml")] for p in files})
 
 
 def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from k3infra.config import (NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
-                            read_stack_file, stack_file, to_pulumi_config)
+                            read_stack_file, stack_file, stack_names, to_pulumi_config)
 
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"   # pulumi's secret wrapper signature key
 
@@ -85,13 +85,18 @@ def project_root(start: Optional[Path] = None) -> Path:
 def load_config(stack: str, overrides: list[str], root: Path) -> tuple[dict, list[str]]:
     path = stack_file(stack, root)
     if not path.is_file():
-        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (root / "stacks").glob("Pulumi.*.yaml"))
-        raise FileNotFoundError(f"--stack {stack}: no {path}; shipped stacks: {', '.join(known)}")
+        raise FileNotFoundError(f"--stack {stack}: no {path}; known stacks: {', '.join(stack_names(root))}")
     raw, secrets = read_stack_file(path)
     for assignment in overrides:
         apply_override(raw, assignment)
     # A secret given with --config is still a secret.
     secrets += [k for k in raw if k.rpartition(":")[2] in SECRET_KEYS and k not in secrets]
+    # Templates carry no ciphertext: a render shows the API key it never needs as [secret];
+    # the real CLI refuses the stack until `pulumi config set --secret k3:apiKey` ran.
+    api_key = f"{NAMESPACE}:apiKey"
+    if api_key not in raw:
+        raw[api_key] = SECRET_PLACEHOLDER
+        secrets.append(api_key)
     return raw, secrets
 
 

@@ -123,18 +123,25 @@ def test_unknown_gpu_needs_its_memory(receipt):
         hbm_fit(receipt, "NVIDIA-X1000", 141.0)
 
 
-def test_pulumi_yaml_declares_the_scalar_keys():
-    """Pulumi.yaml's declared keys and the config model never drift apart."""
+def test_pulumi_yaml_declared_keys_required_or_defaulted_as_the_model():
+    """The CLI treats a declared key without `default:` as required in every stack: only
+    the keys the model itself requires may be declared so; declared defaults equal the
+    model's. (The CLI's own check runs in tests/e2e/test_engine.py.)"""
     import yaml
-    from pydantic import BaseModel
 
     from k3infra.config import StackConfig
     from conftest import ROOT
 
     declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
-    scalar = {f.alias or n for n, f in StackConfig.model_fields.items()
-              if not (isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))}
-    assert set(declared) == scalar
-    for key in ("apiKey", "hfToken"):
-        assert declared[key]["secret"] is True
-    assert all(v.get("description") for v in declared.values())
+    fields = {f.alias or n: f for n, f in StackConfig.model_fields.items()}
+    required = {k for k, f in fields.items() if f.is_required()}
+    assert required == {"weightsRevision", "apiKey"}
+    for key, decl in declared.items():
+        assert key in fields, key
+        assert decl.get("description"), key
+        if "default" in decl:
+            assert decl["default"] == fields[key].default, key
+        else:
+            assert key in required, f"{key}: declared without default = required by the CLI"
+    assert required <= set(declared)
+    assert declared["apiKey"]["secret"] is True

@@ -72,7 +72,7 @@ class Recorder(pulumi.runtime.Mocks):
         return [r for r in self.resources if r.typ == typ]
 
 
-def run(build, mocks):
+def run(build, mocks, preview=False):
     """Run `build()` (which creates the component) the way the Pulumi runtime runs a
     program under mocks, then resolve the component's outputs."""
     from pulumi.runtime.stack import run_pulumi_func
@@ -87,7 +87,7 @@ def run(build, mocks):
     asyncio.set_event_loop(loop)
     made = {}
     try:
-        pulumi.runtime.set_mocks(mocks, project="k3", stack="test", preview=False)
+        pulumi.runtime.set_mocks(mocks, project="k3", stack="test", preview=preview)
         _sync_await(run_pulumi_func(lambda: made.setdefault("c", build())))
         comp = made["c"]
         outs = pulumi.Output.all(comp.image, comp.image_digest, comp.engine_commit,
@@ -269,6 +269,25 @@ def test_local_without_pass_one_record_is_an_error(tmp_path):
                                               "recipeDir": str(ROOT / "images"),
                                               "exportDir": str(tmp_path)}), Recorder())
     assert "engine-wheel.json is missing" in str(err.value)
+
+
+class FirstPreview(Recorder):
+    """A real first `pulumi preview`: docker-build reports contextHash, but the builds
+    do not run, so a new Image has no id (and pass 1 exported nothing yet)."""
+
+    def new_resource(self, args):
+        _, outputs = super().new_resource(args)
+        if args.typ == "docker-build:index:Image":
+            return "", outputs
+        return f"{args.name}-id", outputs
+
+
+def test_local_first_preview_reads_no_export(tmp_path):
+    comp, values = run(
+        lambda: ec.EngineBuild("engine", {"config": local_cfg(), "recipeDir": str(ROOT / "images"),
+                                          "exportDir": str(tmp_path)}), FirstPreview(), preview=True)
+    assert values is None       # unknown until `pulumi up` built it: no error, no guess
+    assert not any(tmp_path.iterdir())
 
 
 def test_local_refuses_a_record_of_another_commit(tmp_path):

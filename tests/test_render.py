@@ -97,7 +97,26 @@ def test_cli_render_refuses_bad_config(tmp_path, capsys, override, needle):
 
 def test_unknown_stack(tmp_path, capsys):
     assert main(["render", "--stack", "nope", "--out", str(tmp_path)]) == 2
-    assert "shipped stacks" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "known stacks: aws, coreweave, existing, nebius, oci" in err
+
+
+def test_render_reads_the_users_stack_file_before_the_template(tmp_path):
+    """`stacks/Pulumi.<stack>.yaml` (the user's copy, with their ciphertext) wins over the
+    template in `stacks/examples/`; a `secure:` value there renders as [secret]."""
+    import shutil
+
+    from k3infra.render import load_config
+
+    root = tmp_path / "k3"
+    shutil.copytree(ROOT / "stacks", root / "stacks")
+    raw, secrets = load_config("existing", [], root)
+    assert raw["k3:apiKey"] == "[secret]" and "k3:apiKey" in secrets   # templates carry none
+    own = (root / "stacks/examples/Pulumi.existing.yaml").read_text().replace(
+        "k3:replicas: 1", "k3:replicas: 2") + "  k3:apiKey:\n    secure: v1:abc:def\n"
+    (root / "stacks/Pulumi.existing.yaml").write_text(own)
+    raw, secrets = load_config("existing", [], root)
+    assert raw["k3:replicas"] == 2 and raw["k3:apiKey"] == "[secret]"
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -139,3 +158,16 @@ def test_component_importable_from_another_program():
                                  stack.weights.job.urn).apply(check)
 
     program()
+
+
+def test_templates_carry_no_ciphertext_and_set_the_required_keys():
+    """A `secure:` value is bound to one stack's key: a template's would fail every other
+    user's `pulumi preview`. The CLI requires the declared keys without default."""
+    from conftest import STACKS
+
+    assert STACKS == ["aws", "coreweave", "existing", "nebius", "oci"]
+    for stack in STACKS:
+        text = (ROOT / "stacks/examples" / f"Pulumi.{stack}.yaml").read_text()
+        assert "secure:" not in text, stack
+        assert "k3:weightsRevision:" in text, stack
+        assert f"pulumi stack init {stack}" in text and f"cp stacks/examples/Pulumi.{stack}.yaml stacks/" in text

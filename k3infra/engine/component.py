@@ -208,7 +208,10 @@ class EngineBuild(pulumi.ComponentResource):
                     f"deleted; rebuild with `pulumi up --replace` on {name}-wheel")
             return parse_wheel_record(path.read_text(), plan, str(path))
 
-        rec = wheel.context_hash.apply(record)
+        # The export exists only once pass 1 ran: wait for the wheel build's id, which a
+        # preview leaves unknown for a new build (its contextHash is known in preview, so
+        # reading the file on contextHash failed every first `pulumi preview`).
+        rec = pulumi.Output.all(wheel.id, wheel.context_hash).apply(record)
         runtime_args = rec.apply(lambda r: {**plan.build_args,
                                             "WHEEL_SHA256": r.get("sha256", ""),
                                             "ENGINE_COMMIT_FULL": r.get("engine_commit", "")})
