@@ -1,0 +1,133 @@
+"""The real Pulumi engine for the e2e tests: the binaries `make engine` built, run offline.
+
+Every run uses a `file://` backend and a PULUMI_HOME in temporary folders, a passphrase
+secrets provider, no update check and no plugin download (a missing plugin is an error),
+and a KUBECONFIG pointing at a missing file so nothing reaches an ambient cluster.
+Commands and the tail of their output are printed, so `make e2e` shows what ran.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSPHRASE = "k3infra-e2e-passphrase"      # test-only; never a user's secret
+KUBERNETES_PROVIDER = version("pulumi-kubernetes")
+
+
+class PulumiError(AssertionError):
+    pass
+
+
+@dataclass
+class Pulumi:
+    """One user's Pulumi: a CLI, a PULUMI_HOME, a backend, a working directory."""
+
+    bin_dir: Path
+    home: Path
+    backend: Path
+    cwd: Path
+    extra_env: dict = field(default_factory=dict)
+    quiet: bool = False
+    use_login: bool = False     # True: the backend is whatever `pulumi login` chose
+
+
+    def env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "KUBE"))}
+        env.update({
+            "PATH": f"{self.bin_dir}:{env.get('PATH', '')}",
+            "PULUMI_HOME": str(self.home),
+            "PULUMI_BACKEND_URL": f"file://{self.backend}",
+            "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
+            "PULUMI_SKIP_UPDATE_CHECK": "true",
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+            "PULUMI_SKIP_CONFIRMATIONS": "true",
+            "PULUMI_COPILOT": "false",
+            "KUBECONFIG": str(self.home / "no-such-kubeconfig"),
+            "NO_COLOR": "1",
+        })
+        if self.use_login:
+            env.pop("PULUMI_BACKEND_URL")
+        env.update(self.extra_env)
+        return env
+
+    def run(self, *args: str, check: bool = True, cwd: Optional[Path] = None,
+            input: Optional[str] = None, timeout: int = 1200, show: int = 12
+            ) -> subprocess.CompletedProcess:
+        """`pulumi ARGS` (stdin is not a terminal, so the CLI is non-interactive)."""
+        return self.shell(" ".join(["pulumi", *map(_quote, args)]), check=check, cwd=cwd,
+                          input=input, timeout=timeout, show=show)
+
+    def shell(self, line: str, check: bool = True, cwd: Optional[Path] = None,
+              input: Optional[str] = None, timeout: int = 1200, show: int = 12
+              ) -> subprocess.CompletedProcess:
+        """One shell command line as a user types it, with this Pulumi on PATH."""
+        start = time.monotonic()
+        proc = subprocess.run(["bash", "-c", line], cwd=cwd or self.cwd, env=self.env(),
+                              input=input if input is not None else "",
+                              capture_output=True, text=True, timeout=timeout)
+        took = time.monotonic() - start
+        if not self.quiet:
+            print(f"\n$ {line}    [exit {proc.returncode}, {took:.1f} s]")
+            out = (proc.stdout + proc.stderr).rstrip().splitlines()
+            for text in out[-show:] if show else []:
+                print(f"    {text}")
+        if check and proc.returncode != 0:
+            raise PulumiError(f"{line} exited {proc.returncode}\n"
+                              f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str, **kw) -> object:
+        return json.loads(self.run(*args, "--json", show=0, **kw).stdout)
+
+    def state_resources(self, stack: Optional[str] = None) -> list[dict]:
+        args = ["stack", "export"] + (["--stack", stack] if stack else [])
+        doc = json.loads(self.run(*args, show=0).stdout)
+        return doc.get("deployment", {}).get("resources") or []
+
+
+def _quote(arg: str) -> str:
+    import shlex
+    return shlex.quote(arg)
+
+
+def copy_project(dest: Path) -> Path:
+    """A copy of the repository's tracked files (what a user clones), sharing `.venv`."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for rel in filter(None, files.split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    return dest
+
+
+def install_provider(pulumi: Pulumi) -> None:
+    """The Kubernetes provider `make engine` built, installed without a download."""
+    plugin = pulumi.bin_dir / "pulumi-resource-kubernetes"
+    pulumi.run("plugin", "install", "resource", "kubernetes", f"v{KUBERNETES_PROVIDER}",
+               "--file", str(plugin.resolve()))
+
+
+def read_manifests(directory: Path) -> list[dict]:
+    """Every object the provider wrote under renderYamlToDirectory (0-crd/, 1-manifest/)."""
+    objs = []
+    for path in sorted(directory.rglob("*.yaml")):
+        objs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return objs
+
+
+def object_key(obj: dict) -> tuple:
+    meta = obj.get("metadata", {})
+    return (obj.get("apiVersion"), obj.get("kind"), meta.get("namespace"), meta.get("name"))

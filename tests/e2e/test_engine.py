@@ -1,0 +1,242 @@
+"""The paths a user takes, with the real Pulumi CLI, language host and Kubernetes provider.
+
+No cluster here: `pulumi up` runs with `kubernetes:renderYamlToDirectory`, where the real
+provider writes every object as YAML instead of applying it (tests/e2e/test_apiserver_*
+apply them to a real API server).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine import ROOT, Pulumi, object_key, read_manifests
+
+pytestmark = pytest.mark.e2e
+
+REVISION = "3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c"
+API_KEY = "e2e-api-key-d41d8cd98f00b204"          # must never appear in state or files
+HF_TOKEN = "hf_e2eTokenNeverInState0123456789"
+IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "5e" * 32
+# What the README's placeholders stand for in these tests.
+PLACEHOLDERS = {
+    "<a passphrase>": "k3infra-e2e-passphrase",
+    "<40-hex commit of moonshotai/Kimi-K3>": REVISION,
+    "<your ReadWriteMany storage class>": "rwx-e2e",
+    "<a registry/repository you can push to>": "registry.example.com/k3/vllm-k3",
+    "<your API key>": API_KEY,
+}
+
+
+def readme_block(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"<!-- e2e: {re.escape(marker)} -->\n```\w*\n(.*?)```", text, re.S)
+    assert m, f"README has no block marked '{marker}'"
+    return m.group(1)
+
+
+def stack_ready(pulumi: Pulumi, *extra: tuple[str, ...]) -> None:
+    """The `existing` stack as the README sets it up, with a prebuilt engine image (an
+    in-cluster build needs a cluster to run its Job) and the licence acknowledged."""
+    pulumi.run("stack", "init", "existing")
+    for args in (("k3:weightsRevision", REVISION),
+                 ("--path", "k3:weights.storageClass", "rwx-e2e"),
+                 ("--path", "k3:engine.build", "prebuilt"),
+                 ("k3:engineImage", IMAGE),
+                 ("--secret", "k3:apiKey", API_KEY),
+                 ("--secret", "k3:hfToken", HF_TOKEN),
+                 ("k3:acceptModelLicense", "true"), *extra):
+        pulumi.run("config", "set", *args, show=0)
+
+
+def render_mode(pulumi: Pulumi, out: Path) -> None:
+    pulumi.run("config", "set", "kubernetes:renderYamlToDirectory", str(out), show=0)
+
+
+def copy_template(pulumi: Pulumi, stack: str = "existing") -> None:
+    pulumi.shell(f"cp stacks/examples/Pulumi.{stack}.yaml stacks/", show=0)
+
+
+# --- the README -----------------------------------------------------------------------
+
+def test_readme_walkthrough_word_for_word(pulumi, tmp_path):
+    """The README's block, run as one shell script with its placeholders filled in."""
+    script = readme_block("walkthrough existing")
+    for placeholder, value in PLACEHOLDERS.items():
+        script = script.replace(placeholder, value)
+    assert "<" not in script.replace("<<", ""), f"unfilled placeholder in:\n{script}"
+    home = tmp_path / "home"
+    home.mkdir()
+    pulumi.extra_env.update({"HOME": str(home)})
+    pulumi.use_login = True
+    proc = pulumi.shell("set -euxo pipefail\n" + script, show=40)
+    out = proc.stdout + proc.stderr
+    # The engine loaded the pack and ran it: its name and version are in the summary.
+    assert re.search(r"Policies:.*?k3infra@v0\.1\.0", out, re.S), out[-3000:]
+    assert "mandatory" not in out.split("Policies:")[1].lower() or "0 mandatory" in out
+    assert (home / ".pulumi-k3").is_dir()       # the login the README names was used
+
+
+def test_cli_refuses_a_stack_without_the_required_keys(pulumi):
+    """Pulumi.yaml's declared keys: the CLI's own validation, before the program runs."""
+    copy_template(pulumi)
+    pulumi.run("stack", "init", "existing")
+    proc = pulumi.run("preview", check=False)
+    assert proc.returncode != 0
+    assert "missing configuration value" in proc.stdout + proc.stderr
+    assert "k3:apiKey" in proc.stdout + proc.stderr
+    # Every other declared key has a default: setting the API key is enough.
+    pulumi.run("config", "set", "--secret", "k3:apiKey", API_KEY, show=0)
+    pulumi.run("preview")
+
+
+# --- up without a cluster, and the offline render ---------------------------------------
+
+def offline_render(pulumi: Pulumi, out: Path) -> list[dict]:
+    """`k3infra render` of the same stack file (the user's, with their ciphertext)."""
+    subprocess.run([str(ROOT / ".venv/bin/k3infra"), "render", "--stack", "existing",
+                    "--out", str(out)], cwd=pulumi.cwd, check=True, capture_output=True, text=True)
+    return [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
+
+
+# Where `pulumi up` (render mode) and `k3infra render` legitimately differ; each is
+# explained in docs/engine-e2e.md. Everything else must be identical.
+def normalise(obj: dict) -> dict:
+    obj = json.loads(json.dumps(obj))
+    if obj.get("kind") == "Secret":
+        # The provider writes Secret values (base64, in plaintext: it warns); the offline
+        # render never writes a secret value.
+        for key in ("data", "stringData"):
+            if key in obj:
+                obj[key] = {k: "<secret>" for k in obj[key]}
+    meta = obj.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    # The engine records its own bookkeeping on objects it writes.
+    for a in [a for a in annotations if a.startswith("pulumi.com/")]:
+        annotations.pop(a)
+    if not annotations:
+        meta.pop("annotations", None)
+    return obj
+
+
+def test_up_in_render_mode_writes_what_the_offline_render_shows(pulumi, tmp_path):
+    copy_template(pulumi)
+    stack_ready(pulumi)
+    out = tmp_path / "rendered"
+    render_mode(pulumi, out)
+    pulumi.run("preview", "--policy-pack", "policy/")
+    pulumi.run("up", "--yes", "--policy-pack", "policy/")
+    written = {object_key(o): normalise(o) for o in read_manifests(out)}
+    offline = {object_key(o): normalise(o) for o in offline_render(pulumi, tmp_path / "offline")}
+    print(f"\nrender comparison: {len(written)} objects from pulumi up, {len(offline)} from k3infra render")
+    assert sorted(written, key=str) == sorted(offline, key=str)
+    for key in written:
+        assert written[key] == offline[key], key
+
+    # Idempotence: a second up changes nothing.
+    pulumi.run("up", "--yes", "--expect-no-changes")
+
+    # A surface key updates the StatefulSet in place; the weights Job is not replaced.
+    pulumi.run("config", "set", "k3:servedModelName", "kimi-k3-e2e", show=0)
+    steps = preview_steps(pulumi)
+    kinds = {(s["urn"].split("::")[2].split("$")[-1], s["op"]) for s in steps if s["op"] != "same"}
+    print(f"\nservedModelName change previews: {sorted(kinds)}")
+    assert ("kubernetes:apps/v1:StatefulSet", "update") in kinds
+    assert not [k for k in kinds if k[0] == "kubernetes:batch/v1:Job" and k[1] != "same"]
+
+    # An engine-path change under the measured profile is refused before registration.
+    pulumi.run("config", "set", "--path", "k3:custom.args[0]", "--enforce-eager", show=0)
+    proc = pulumi.run("preview", check=False)
+    assert proc.returncode != 0
+    assert "k3:custom" in proc.stdout + proc.stderr
+    assert "k3:profile = custom" in proc.stdout + proc.stderr
+    pulumi.run("config", "rm", "--path", "k3:custom", show=0)
+
+    # Secrets: nothing in the state in plaintext; outputs marked secret.
+    export = pulumi.run("stack", "export", show=0).stdout
+    assert API_KEY not in export and HF_TOKEN not in export
+    assert '"ciphertext"' in export
+    outputs = pulumi.json("stack", "output")
+    shown = pulumi.run("stack", "output", show=0).stdout
+    assert API_KEY not in json.dumps(outputs) and API_KEY not in shown
+
+    # Teardown: nothing left in the state but the stack itself.
+    pulumi.run("destroy", "--yes")
+    left = [r["type"] for r in pulumi.state_resources() if r["type"] != "pulumi:pulumi:Stack"]
+    assert left == []
+
+
+def preview_steps(pulumi: Pulumi) -> list[dict]:
+    doc = pulumi.json("preview")
+    return doc.get("steps", [])
+
+
+# --- the policy pack, enforced by the engine ------------------------------------------
+
+def test_engine_enforces_the_pack_on_a_drifted_statefulset(pulumi):
+    """A program that drifts one receipt flag fails `pulumi preview --policy-pack`."""
+    drifted = pulumi.cwd / "tests/e2e/programs/drifted"
+    pulumi.cwd = drifted
+    stack_ready(pulumi)
+    pulumi.run("config", "set", "kubernetes:renderYamlToDirectory", str(drifted / "out"), show=0)
+    proc = pulumi.run("preview", "--policy-pack", str(drifted.parents[3] / "policy"),
+                      check=False, show=30)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "k3-serve-flags" in out and "mandatory" in out
+    assert "--block-size" in out
+
+
+# --- K3ServingStack from another program ------------------------------------------------
+
+def consumer_project(pulumi: Pulumi, tmp_path: Path, program: str) -> Path:
+    """A Pulumi project of a user's own, outside this repository, using the package."""
+    d = tmp_path / "consumer"
+    d.mkdir()
+    (d / "Pulumi.yaml").write_text(
+        "name: k3-consumer\nruntime:\n  name: python\n  options:\n"
+        f"    toolchain: pip\n    virtualenv: {ROOT / '.venv'}\n")
+    (d / "__main__.py").write_text(program)
+    pulumi.cwd = d
+    pulumi.run("stack", "init", "dev")
+    pulumi.run("config", "set", "--secret", "apiKey", API_KEY, show=0)
+    pulumi.run("config", "set", "kubernetes:renderYamlToDirectory", str(d / "out"), show=0)
+    return d
+
+
+def readme_program() -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"### Using `K3ServingStack` from your own program.*?```python\n(.*?)```", text, re.S)
+    assert m
+    return (m.group(1).replace("<40-hex commit>", REVISION)
+            .replace("registry.example.com/k3/vllm@sha256:<64 hex>", IMAGE))
+
+
+def test_readme_component_snippet_as_its_own_project(pulumi, tmp_path):
+    d = consumer_project(pulumi, tmp_path, readme_program())
+    pulumi.run("preview")
+    pulumi.run("up", "--yes")
+    objs = read_manifests(d / "out")
+    assert objs and {o["metadata"].get("namespace") for o in objs} - {None} == {"inference"}
+    assert pulumi.json("stack", "output")["endpoint"]
+    pulumi.run("destroy", "--yes")
+
+
+def test_two_instances_in_two_namespaces(pulumi, tmp_path):
+    program = readme_program()
+    first, rest = program.split("k3 = K3ServingStack(", 1)
+    body = "K3ServingStack(" + rest.split("pulumi.export")[0]
+    program = (first + "a = " + body + "b = " + body.replace('"kimi"', '"kimi-b"', 1)
+               .replace('namespace="inference"', 'namespace="inference-b"')
+               + 'pulumi.export("endpoints", [a.endpoint, b.endpoint])\n')
+    d = consumer_project(pulumi, tmp_path, program)
+    pulumi.run("up", "--yes")
+    objs = read_manifests(d / "out")
+    keys = [object_key(o) for o in objs]
+    assert len(keys) == len(set(keys)), "two instances wrote the same object"
+    assert {k[2] for k in keys} - {None} == {"inference", "inference-b"}
+    pulumi.run("destroy", "--yes")

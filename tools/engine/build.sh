@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Build (or reuse) the real Pulumi engine and a Kubernetes control plane from Go modules,
+# into a cache outside the work tree; print the bin directory as the last line.
+#
+#   tools/engine/build.sh            # build what is missing, print the bin dir
+#   K3INFRA_ENGINE_CACHE=DIR ...     # cache root (default ~/.cache/k3infra/engine)
+#   K3INFRA_ENGINE_PARTS="pulumi kubernetes" ...   # only these parts (default: all three)
+#
+# Each part is its own Go module with its own go.sum, cached under a key that hashes the
+# part's sources (go.mod, go.sum, *.go, build.sh): a change to one part rebuilds only it.
+#   .            pulumi (CLI) + pulumi-language-python (k3infra's host) + its exec script
+#   kubernetes/  pulumi-resource-kubernetes
+#   cluster/     etcd, kube-apiserver, kube-controller-manager
+# No binary is committed; nothing is downloaded but Go modules from the module proxy.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="${K3INFRA_ENGINE_CACHE:-$HOME/.cache/k3infra/engine}"
+export GOFLAGS="-mod=readonly -buildvcs=false"
+mkdir -p "$root"
+
+# The Pulumi version linked into the CLI and the host: the sdk/v3 version go.mod pins.
+pulumi_version() { (cd "$here" && go list -m -f '{{.Version}}' github.com/pulumi/pulumi/sdk/v3); }
+
+part_key() {  # hash of a part's own sources (not of nested modules)
+  local dir="$1"
+  (cd "$dir" && find . \( -path './*/go.mod' -prune \) -o -type f \
+      \( -name go.mod -o -name go.sum -o -name '*.go' -o -name build.sh \) -print \
+    | grep -v -E '^\./(kubernetes|cluster)/' | LC_ALL=C sort | xargs sha256sum) \
+    | sha256sum | cut -c1-16
+}
+
+build_cli() {  # OUTDIR
+  local out="$1" v; v="$(pulumi_version)"
+  local ld="-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v"
+  (cd "$here" && go build -ldflags "$ld" -o "$out/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi)
+  (cd "$here" && go build -ldflags "$ld" -o "$out/pulumi-language-python" ./langhost)
+  # The host runs the Python SDK's own entry script, shipped in the sdk/v3 module.
+  local sdk; sdk="$(cd "$here" && go mod download -json github.com/pulumi/pulumi/sdk/v3 \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$out/"
+}
+
+# build_part NAME DIR BUILDER: build into ROOT/NAME-KEY unless already complete.
+build_part() {
+  local name="$1" dir="$2" builder="$3" key out start
+  key="$(part_key "$dir")"; out="$root/$name-$key"
+  if [[ -f "$out/.complete" ]]; then
+    echo "engine: $name reused ($out)" >&2
+  else
+    echo "engine: building $name ..." >&2
+    start=$(date +%s)
+    rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+    "$builder" "$out.tmp" >&2
+    rm -rf "$out"; mv "$out.tmp" "$out"
+    echo "$(( $(date +%s) - start ))" > "$out/.build-seconds"
+    touch "$out/.complete"
+    echo "engine: $name built in $(cat "$out/.build-seconds") s" >&2
+  fi
+  parts+=("$out")
+}
+
+wanted=" ${K3INFRA_ENGINE_PARTS:-pulumi kubernetes cluster} "
+parts=()
+if [[ "$wanted" == *" pulumi "* ]]; then build_part pulumi "$here" build_cli; fi
+for sub in kubernetes cluster; do
+  if [[ "$wanted" == *" $sub "* && -x "$here/$sub/build.sh" ]]; then
+    build_part "$sub" "$here/$sub" "$here/$sub/build.sh"
+  fi
+done
+
+# One bin directory of links, keyed by the parts it joins.
+bin="$root/bin-$(printf '%s\n' "${parts[@]}" | sha256sum | cut -c1-16)"
+if [[ ! -d "$bin" ]]; then
+  mkdir -p "$bin.tmp"
+  for p in "${parts[@]}"; do
+    for f in "$p"/*; do ln -sf "$f" "$bin.tmp/$(basename "$f")"; done
+  done
+  rm -rf "$bin"; mv "$bin.tmp" "$bin"
+fi
+echo "$bin"
