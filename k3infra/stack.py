@@ -109,7 +109,7 @@ class K3ServingStack(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, depends_on=[ns]))
         image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
-            names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
+            cfg, names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
         hf_secret_name = None
         if cfg.hf_token is not None:
             hf_secret_name = names.hf_token_secret
