@@ -152,6 +152,10 @@ class EngineConfig(_Section):
     """How the engine image is obtained (k3:engine). docs/engine.md explains each key."""
 
     build: Literal["prebuilt", "in-cluster", "local"] = "prebuilt"
+    # The receipt's short engine commit resolved once to its full 40-hex SHA (docs/engine.md,
+    # "Pinning the engine commit"); it must start with the receipt's short SHA. Builds
+    # take only this: `pulumi up` refuses to build without it.
+    commit: Optional[str] = None
     # Repository the build pushes to, without tag or digest: registry.example.com/k3/vllm.
     registry: Optional[str] = None
     # Tag pushed next to the digest; default: derived from the receipt's engine commit.
@@ -233,6 +237,14 @@ class EngineConfig(_Section):
     def _secret_name(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
             raise ValueError("must be the name of a Secret in the stack's namespace")
+        return v
+
+    @field_validator("commit")
+    @classmethod
+    def _full_commit(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not COMMIT_RE.match(v):
+            raise ValueError("must be the full 40-hex engine commit (lowercase), resolved once "
+                             "from the receipt's short SHA")
         return v
 
     @field_validator("git_revision")

@@ -129,7 +129,10 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
                                       cfg.engine.nvcc_threads, cfg.engine.max_jobs)
     return {
         "ENGINE_REPO": e.repo,
-        "ENGINE_COMMIT": e.commit,
+        # The pinned full SHA; until it is set (a render) the receipt's prefix, which
+        # the recipe's fetch step refuses and `pulumi up` gates (engine_gates).
+        "ENGINE_COMMIT": cfg.engine.commit or e.commit,
+        "ENGINE_COMMIT_PREFIX": e.commit,
         "ENGINE_PR": str(e.pull_request),
         "ENGINE_VERSION": e.version,
         "ENGINE_EXCLUDE": ",".join(e.build_exclusions),
@@ -173,7 +176,7 @@ def build_namespace(cfg: StackConfig) -> str:
     return ns
 
 
-def _check(cfg: StackConfig) -> None:
+def _check(receipt: Receipt, cfg: StackConfig) -> None:
     """Engine keys that only make sense together; refused before anything is created."""
     eng = cfg.engine
     if eng.build != "prebuilt" and cfg.engine_image is not None:
@@ -203,6 +206,13 @@ def _check(cfg: StackConfig) -> None:
     if eng.upstream_version is not None and cfg.profile != "upstream":
         raise ConfigError("k3:engine.upstreamVersion", eng.upstream_version,
                           "is only accepted with k3:profile = upstream")
+    if eng.commit is not None and not eng.commit.startswith(receipt.engine.commit):
+        raise ConfigError("k3:engine.commit", eng.commit,
+                          f"must start with the receipt's engine commit {receipt.engine.commit}: "
+                          "any other commit is not the measured engine")
+    if eng.commit is not None and cfg.profile == "upstream":
+        raise ConfigError("k3:engine.commit", eng.commit,
+                          "is not accepted with k3:profile = upstream (a released image)")
     if eng.wheel_sha256 is not None and eng.build != "prebuilt":
         raise ConfigError("k3:engine.wheelSha256", eng.wheel_sha256,
                           "is only accepted with k3:engine.build = prebuilt: builds record "
@@ -211,7 +221,7 @@ def _check(cfg: StackConfig) -> None:
 
 def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
     """The stack's engine: mode, profile, label, and the build arguments when it builds."""
-    _check(cfg)
+    _check(receipt, cfg)
     eng = cfg.engine
     e = receipt.engine
     if cfg.profile == "upstream":
@@ -234,10 +244,10 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
              f"custom: {engine} with engine-path changes, not the measured configuration; {how}")
     if eng.build == "prebuilt":
         return EnginePlan(mode="prebuilt", profile=cfg.profile, measured=measured, label=label,
-                          engine_version=e.version, engine_commit=e.commit,
+                          engine_version=e.version, engine_commit=eng.commit or e.commit,
                           image=cfg.engine_image, wheel_sha256=eng.wheel_sha256)
     return EnginePlan(mode=eng.build, profile=cfg.profile, measured=measured, label=label,
-                      engine_version=e.version, engine_commit=e.commit,
+                      engine_version=e.version, engine_commit=eng.commit or e.commit,
                       repository=eng.registry, tag=eng.tag or default_tag(receipt),
                       build_args=build_args(receipt, cfg))
 
@@ -247,6 +257,16 @@ def engine_gates(cfg: StackConfig) -> list[Gate]:
     refused by `pulumi up` (k3infra.gates.enforce)."""
     eng = cfg.engine
     found = []
+    if eng.build != "prebuilt" and eng.commit is None:
+        from k3infra.receipt import load_receipt
+
+        e = load_receipt().engine
+        found.append(Gate("k3:engine.commit",
+                          f"unset: a build takes only the full 40-hex engine commit, never the "
+                          f"receipt's prefix {e.commit} (resolve it once: python3 "
+                          f"images/k3_engine_build.py resolve --repo-url {e.repo} --pr "
+                          f"{e.pull_request} --commit {e.commit} --dest /tmp/vllm-resolve; "
+                          "check the commit it prints, then set it)"))
     if eng.build == "in-cluster":
         for key, image in (("k3:engine.buildkitImage", eng.buildkit_image),
                            ("k3:engine.reporterImage", eng.reporter_image)):

@@ -32,9 +32,12 @@ class BuildResult:
 
 
 def _commit(commit: str, plan: EnginePlan, where: str) -> str:
-    if not FULL_SHA.match(commit or "") or not commit.startswith(plan.engine_commit or "\0"):
-        raise EngineBuildError(f"{where}: engine commit {commit!r} is not a full SHA starting "
-                               f"with the receipt's {plan.engine_commit}")
+    """The build's commit is the pinned one (k3:engine.commit), exactly."""
+    pinned = plan.engine_commit or "\0"
+    if not FULL_SHA.match(commit or "") or not (
+            commit == pinned if FULL_SHA.match(pinned) else commit.startswith(pinned)):
+        raise EngineBuildError(f"{where}: engine commit {commit!r} is not the pinned "
+                               f"{plan.engine_commit}")
     return commit
 
 
