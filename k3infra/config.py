@@ -179,6 +179,23 @@ class EngineConfig(_Section):
     max_jobs: Optional[int] = Field(default=None, ge=1, alias="maxJobs")
     nvcc_threads: Optional[int] = Field(default=None, ge=1, le=8, alias="nvccThreads")
     build_node_selector: dict[str, str] = Field(default_factory=dict, alias="buildNodeSelector")
+    # in-cluster: what keeps the build (untrusted setup code, unconfined seccomp) away
+    # from other workloads. `node-pool`: only nodes labelled and tainted
+    # k3infra.dev/engine-build=true (a pool for builds alone); `runtime-class`: a
+    # sandboxed RuntimeClass (gVisor, Kata) named by buildRuntimeClass.
+    build_isolation: Literal["node-pool", "runtime-class"] = Field(default="node-pool",
+                                                                   alias="buildIsolation")
+    build_runtime_class: Optional[str] = Field(default=None, alias="buildRuntimeClass")
+    # in-cluster: the API server's endpoint addresses (the report container writes the
+    # result there); every other cluster address is cut out of the build's egress.
+    api_server_cidrs: list[str] = Field(default_factory=list, alias="apiServerCidrs")
+    # in-cluster: a registry or mirror inside your network (cluster CIDRs are otherwise
+    # unreachable from the build).
+    registry_cidrs: list[str] = Field(default_factory=list, alias="registryCidrs")
+    # Registry build cache: its own repository and push Secret (never the serving
+    # image's); unset, builds use no registry cache at all.
+    cache_registry: Optional[str] = Field(default=None, alias="cacheRegistry")
+    cache_registry_secret: Optional[str] = Field(default=None, alias="cacheRegistrySecret")
     build_timeout_minutes: int = Field(default=600, ge=30, alias="buildTimeoutMinutes")
     # Optional sccache: a Secret whose `env` key holds SCCACHE_* settings (bucket, keys).
     sccache_secret: Optional[str] = Field(default=None, alias="sccacheSecret")
@@ -210,7 +227,19 @@ class EngineConfig(_Section):
         """`imagePullSecrets` for a pod spec that runs the engine image ({} when none)."""
         return {"imagePullSecrets": [{"name": n} for n in self.pull_secrets]} if self.pull_secrets else {}
 
-    @field_validator("registry")
+    @field_validator("api_server_cidrs", "registry_cidrs")
+    @classmethod
+    def _engine_cidrs(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
+        return v
+
+    @field_validator("registry", "cache_registry")
     @classmethod
     def _repository(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not re.match(r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9._-]+)+$", v):
@@ -232,7 +261,8 @@ class EngineConfig(_Section):
             raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
         return v
 
-    @field_validator("registry_secret", "sccache_secret")
+    @field_validator("registry_secret", "sccache_secret", "cache_registry_secret",
+                     "build_runtime_class")
     @classmethod
     def _secret_name(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):

@@ -136,6 +136,7 @@ class K3ServingStack(pulumi.ComponentResource):
                 namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
+                serving_selector=m.selector_labels(instance),
                 depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))

@@ -40,26 +40,37 @@ BUILDKIT = f"moby/buildkit:v0.23.2-rootless@sha256:{'34' * 32}"
 REPORTER = f"python:3.12.11-slim-bookworm@sha256:{'56' * 32}"
 
 
+API_SERVER = "10.0.0.10/32"
+RESULT_UID = "uid-of-the-created-result"
+
+
 def in_cluster(**engine):
     return config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push",
-                          "buildkitImage": BUILDKIT, "reporterImage": REPORTER, **engine})
+                          "buildkitImage": BUILDKIT, "reporterImage": REPORTER,
+                          "commit": full_commit(), "apiServerCidrs": [API_SERVER], **engine})
 
 
 class Recorder(pulumi.runtime.Mocks):
     """Records registrations; plays the build: the result ConfigMap read returns what
     the Job's report container would have written, docker-build returns a digest."""
 
-    def __init__(self, result_data=None, image_digest=DIGEST):
+    def __init__(self, result_data=None, image_digest=DIGEST, immutable=True,
+                 read_uid=RESULT_UID):
         self.resources = []
         self.result_data = result_data
         self.image_digest = image_digest
+        self.immutable = immutable
+        self.read_uid = read_uid
 
     def new_resource(self, args):
         if args.typ != "pulumi:pulumi:Stack":
             self.resources.append(args)
         outputs = dict(args.inputs)
         if args.typ == "kubernetes:core/v1:ConfigMap" and args.resource_id:
-            outputs = {"data": self.result_data}
+            outputs = {"data": self.result_data, "immutable": self.immutable,
+                       "metadata": {"uid": self.read_uid}}
+        elif args.typ == "kubernetes:core/v1:ConfigMap" and args.name.endswith("-result"):
+            outputs["metadata"] = {**outputs.get("metadata", {}), "uid": RESULT_UID}
         if args.typ == "docker-build:index:Image":
             outputs["digest"] = self.image_digest if args.inputs.get("push") else ""
             outputs["contextHash"] = "h" * 8
@@ -152,7 +163,7 @@ def test_in_cluster_image_is_the_digest_the_job_reported():
     jobs = mocks.of_type("kubernetes:batch/v1:Job")
     assert len(jobs) == 1
     job = jobs[0].inputs
-    build = job["spec"]["template"]["spec"]["initContainers"][0]
+    build = job["spec"]["template"]["spec"]["initContainers"][1]
     env = {e["name"]: e.get("value") for e in build["env"]}
     assert env["K3_IMAGE"] == f"{REPO}:vllm-{load_receipt().engine.commit}-cu130"
     # The read of the result ConfigMap is ordered after the Job.
@@ -168,7 +179,7 @@ def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
         mocks)
     kinds = Counter(r.typ.split(":")[-1] for r in mocks.resources if r.typ.startswith("kubernetes:"))
     # job files, context, result (created) + the result read
-    assert kinds == {"Namespace": 1, "NetworkPolicy": 1, "ServiceAccount": 1, "Role": 1,
+    assert kinds == {"Namespace": 1, "NetworkPolicy": 2, "ServiceAccount": 1, "Role": 1,
                      "RoleBinding": 1, "ConfigMap": 4, "Job": 1}
     reads = [r for r in mocks.resources if r.resource_id]
     assert [r.resource_id.split("/")[0] for r in reads] == ["k3-build"]
@@ -185,19 +196,37 @@ def test_in_cluster_git_context_uploads_no_recipe():
     assert not [r for r in mocks.resources if r.name == "engine-context"]
     job = mocks.of_type("kubernetes:batch/v1:Job")[0].inputs
     env = {e["name"]: e.get("value")
-           for e in job["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+           for e in job["spec"]["template"]["spec"]["initContainers"][1]["env"]}
     assert env["K3_CONTEXT"] == f"https://git.example.com/k3infra.git#{'1' * 40}:images"
 
 
 @pytest.mark.parametrize("bad, message", [
     ({"digest": ""}, "no image digest"),
     ({"image": f"other.example.com/x@{DIGEST}"}, "is not registry.example.com/k3/vllm@"),
-    ({"engineCommit": "f" * 40}, "starting with the receipt's"),
+    ({"engineCommit": "f" * 40}, "is not the pinned"),
+    # Issue 21: another commit with the receipt's prefix is still not the pinned one.
+    ({"engineCommit": load_receipt().engine.commit + "1" * (40 - len(load_receipt().engine.commit))},
+     "is not the pinned"),
     ({"vllmVersion": "0.33.0"}, "is not the receipt's"),
     ({"wheelSha256": "xyz"}, "no wheel sha256"),
 ])
 def test_in_cluster_refuses_a_result_that_does_not_match_the_plan(bad, message):
     mocks = Recorder(result_data=result_data(**bad))
+    with pytest.raises(Exception) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+                                              "recipeDir": str(ROOT / "images")}), mocks)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"immutable": None}, "is not immutable"),
+    ({"immutable": False}, "is not immutable"),
+    ({"read_uid": "uid-of-a-recreated-configmap"}, "deleted and re-created"),
+])
+def test_in_cluster_refuses_a_result_configmap_that_could_have_been_edited(over, message):
+    """Issue 21: the result ConfigMap decides the served digest; it is read only when
+    the Job's one write made it immutable and it is still the object Pulumi created."""
+    mocks = Recorder(result_data=result_data(), **over)
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
                                               "recipeDir": str(ROOT / "images")}), mocks)
@@ -223,8 +252,12 @@ def test_in_cluster_without_a_result_outside_a_render_is_an_error(monkeypatch):
     assert "no image digest" in str(err.value)
 
 
-def local_cfg():
-    return config(engine={"build": "local", "registry": REPO})
+CACHE_REPO = "registry.example.com/k3/vllm-buildcache"
+
+
+def local_cfg(**engine):
+    return config(engine={"build": "local", "registry": REPO, "commit": full_commit(),
+                          "cacheRegistry": CACHE_REPO, **engine})
 
 
 def write_record(export_root: Path, plan, sha=WHEEL, commit=None):
@@ -257,7 +290,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
     assert runtime_pass["tags"] == [plan.tagged_ref]
     assert runtime_pass["buildArgs"] == {**plan.build_args, "WHEEL_SHA256": WHEEL,
                                          "ENGINE_COMMIT_FULL": full_commit()}
-    assert runtime_pass["cacheTo"][0]["registry"]["ref"] == f"{REPO}:buildcache"
+    assert runtime_pass["cacheTo"][0]["registry"]["ref"] == f"{CACHE_REPO}:buildcache"
     assert runtime_pass["cacheTo"][0]["registry"]["mode"] == "max"
     assert image == f"{REPO}@{DIGEST}" and digest == DIGEST
     assert wheel == WHEEL and commit == full_commit()
@@ -296,7 +329,42 @@ def test_local_refuses_a_record_of_another_commit(tmp_path):
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
                                               "exportDir": str(tmp_path)}), Recorder())
-    assert "starting with the receipt's" in str(err.value)
+    assert "is not the pinned" in str(err.value)
+
+
+def test_local_without_a_cache_repository_uses_no_registry_cache(tmp_path):
+    """Issue 21: the build cache never shares the serving image's repository."""
+    cfg = local_cfg(cacheRegistry=None)
+    write_record(tmp_path, resolve_engine(load_receipt(), cfg))
+    mocks = Recorder()
+    run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+                                          "exportDir": str(tmp_path)}), mocks)
+    for image in mocks.of_type("docker-build:index:Image"):
+        assert not image.inputs.get("cacheFrom") and not image.inputs.get("cacheTo")
+
+
+@pytest.mark.parametrize("engine, key", [
+    ({"build": "local", "registry": REPO}, "k3:engine.commit"),
+    ({"build": "in-cluster", "registry": REPO, "registrySecret": "push",
+      "buildkitImage": BUILDKIT, "reporterImage": REPORTER, "commit": None}, "k3:engine.commit"),
+    ({"build": "in-cluster", "registry": REPO, "registrySecret": "push",
+      "buildkitImage": BUILDKIT, "reporterImage": REPORTER, "apiServerCidrs": []},
+     "k3:engine.apiServerCidrs"),
+])
+def test_a_build_without_its_pins_is_refused_on_update(monkeypatch, engine, key):
+    """Issue 21: no build from the receipt's 8-hex prefix; no build Job that could reach
+    the API server at any cluster address."""
+    from k3infra.gates import GateError
+
+    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    base = {"commit": full_commit(), "apiServerCidrs": [API_SERVER]}
+    cfg = config(engine={**base, **{k: v for k, v in engine.items()}})
+    mocks = Recorder(result_data=result_data())
+    with pytest.raises(GateError) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images")}),
+            mocks)
+    assert key in str(err.value)
+    assert mocks.resources == []
 
 
 def test_bad_engine_config_fails_before_any_registration():

@@ -22,8 +22,8 @@ import pulumi
 from k3infra.config import StackConfig
 from k3infra.engine import manifests as em
 from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
-from k3infra.engine.result import (BuildResult, EngineBuildError, image_from_digest,
-                                   parse_build_result, parse_wheel_record)
+from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
+                                   image_from_digest, parse_build_result, parse_wheel_record)
 from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX, enforce
 from k3infra.kube import apply_manifest
 from k3infra.receipt import Receipt, load_receipt
@@ -150,7 +150,10 @@ class EngineBuild(pulumi.ComponentResource):
         for role, manifest in objs.items():
             if role in ("namespace", "job"):
                 continue
-            extra = pulumi.ResourceOptions(ignore_changes=["data"]) if role == "result" else None
+            # The Job writes the result's data and makes it immutable: Pulumi never
+            # rewrites it (the digest is read back once per build hash, checked below).
+            extra = (pulumi.ResourceOptions(ignore_changes=["data", "immutable"])
+                     if role == "result" else None)
             created[role] = apply_manifest(f"{name}-{role}", manifest,
                                            pulumi.ResourceOptions.merge(in_ns, extra))
         wait = f"{em.job_timeout_minutes(cfg)}m"
@@ -171,12 +174,15 @@ class EngineBuild(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[job]))
         where = f"ConfigMap {names.namespace}/{names.result_configmap}"
 
-        def parse(data: Optional[dict]) -> BuildResult:
+        def parse(values: list) -> BuildResult:
+            data, immutable, uid, created_uid = values
             if offline_render() and not (data or {}).get("digest"):
                 return placeholder_result(plan, f"written by Job {names.job} at `pulumi up`")
+            check_result_object(immutable, uid, created_uid, where)
             return parse_build_result(data, plan, where)
 
-        return result_cm.data.apply(parse)
+        return pulumi.Output.all(result_cm.data, result_cm.immutable, result_cm.metadata.uid,
+                                 created["result"].metadata.uid).apply(parse)
 
     # --- local ---------------------------------------------------------------------
 
@@ -188,8 +194,9 @@ class EngineBuild(pulumi.ComponentResource):
         export = export_root / f"wheel-{em.recipe_hash(plan, recipe_files(recipe))}"
         context = docker_build.BuildContextArgs(location=str(recipe))
         dockerfile = docker_build.DockerfileArgs(location=str(recipe / "Dockerfile"))
+        # A registry cache only in its own repository (k3:engine.cacheRegistry).
         cache_from = [docker_build.CacheFromArgs(
-            registry=docker_build.CacheFromRegistryArgs(ref=plan.cache_ref))]
+            registry=docker_build.CacheFromRegistryArgs(ref=plan.cache_ref))] if plan.cache_ref else []
         child = pulumi.ResourceOptions(parent=self)
         wheel = docker_build.Image(
             f"{name}-wheel", push=False, context=context, dockerfile=dockerfile,
@@ -221,7 +228,8 @@ class EngineBuild(pulumi.ComponentResource):
             platforms=[docker_build.Platform.LINUX_AMD64], tags=[plan.tagged_ref],
             cache_from=cache_from,
             cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
-                ref=plan.cache_ref, mode=docker_build.CacheMode.MAX, ignore_error=True))],
+                ref=plan.cache_ref, mode=docker_build.CacheMode.MAX, ignore_error=True))]
+            if plan.cache_ref else [],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[wheel]))
         self.build_objects = {"wheel": wheel, "image": image}
 

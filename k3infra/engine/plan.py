@@ -59,6 +59,7 @@ class EnginePlan:
     tag: Optional[str] = None
     wheel_sha256: Optional[str] = None
     build_args: dict[str, str] = field(default_factory=dict)
+    cache_repository: Optional[str] = None
 
     @property
     def builds(self) -> bool:
@@ -74,8 +75,9 @@ class EnginePlan:
 
     @property
     def cache_ref(self) -> Optional[str]:
-        """Registry build cache (BuildKit `type=registry`, mode=max) beside the image."""
-        return f"{self.repository}:buildcache" if self.repository else None
+        """Registry build cache (BuildKit `type=registry`, mode=max) in its own repository
+        (k3:engine.cacheRegistry), never the serving image's; None: no registry cache."""
+        return f"{self.cache_repository}:buildcache" if self.cache_repository else None
 
 
 def arch_list(cuda_version: str, compute_capability: str) -> str:
@@ -199,6 +201,28 @@ def _check(receipt: Receipt, cfg: StackConfig) -> None:
                               "is required with k3:engine.context = git: a 40-hex commit")
     if eng.build == "in-cluster":
         build_namespace(cfg)
+    if eng.build_isolation == "runtime-class" and eng.build_runtime_class is None:
+        raise ConfigError("k3:engine.buildRuntimeClass", None,
+                          "is required with k3:engine.buildIsolation = runtime-class: a "
+                          "sandboxed RuntimeClass (gVisor, Kata) installed in the cluster")
+    if eng.build_runtime_class is not None and eng.build_isolation != "runtime-class":
+        raise ConfigError("k3:engine.buildRuntimeClass", eng.build_runtime_class,
+                          "is only used with k3:engine.buildIsolation = runtime-class")
+    if eng.cache_registry is not None:
+        if eng.cache_registry == eng.registry:
+            raise ConfigError("k3:engine.cacheRegistry", eng.cache_registry,
+                              "must be its own repository, not k3:engine.registry: a build "
+                              "step that can write the cache must not be able to push the "
+                              "serving image's repository")
+        if eng.build == "in-cluster" and eng.cache_registry_secret is None:
+            raise ConfigError("k3:engine.cacheRegistrySecret", None,
+                              "is required with k3:engine.cacheRegistry in-cluster: a "
+                              "dockerconfigjson Secret that may push only the cache repository")
+    if eng.cache_registry_secret is not None and (
+            eng.cache_registry is None or eng.cache_registry_secret == eng.registry_secret):
+        raise ConfigError("k3:engine.cacheRegistrySecret", eng.cache_registry_secret,
+                          "needs k3:engine.cacheRegistry and must differ from "
+                          "k3:engine.registrySecret (separate credentials for the cache)")
     if eng.build == "local" and eng.sccache_secret is not None:
         raise ConfigError("k3:engine.sccacheSecret", eng.sccache_secret,
                           "is an in-cluster Secret: local builds use the operator's own "
@@ -249,7 +273,7 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
     return EnginePlan(mode=eng.build, profile=cfg.profile, measured=measured, label=label,
                       engine_version=e.version, engine_commit=eng.commit or e.commit,
                       repository=eng.registry, tag=eng.tag or default_tag(receipt),
-                      build_args=build_args(receipt, cfg))
+                      build_args=build_args(receipt, cfg), cache_repository=eng.cache_registry)
 
 
 def engine_gates(cfg: StackConfig) -> list[Gate]:
@@ -267,6 +291,13 @@ def engine_gates(cfg: StackConfig) -> list[Gate]:
                           f"images/k3_engine_build.py resolve --repo-url {e.repo} --pr "
                           f"{e.pull_request} --commit {e.commit} --dest /tmp/vllm-resolve; "
                           "check the commit it prints, then set it)"))
+    if eng.build == "in-cluster" and not eng.api_server_cidrs:
+        found.append(Gate("k3:engine.apiServerCidrs",
+                          "unset: the build pod may reach no cluster address but the API "
+                          "server's, which its report container writes the result to; list "
+                          "its endpoint addresses (kubectl get endpointslices -n default -l "
+                          "kubernetes.io/service-name=kubernetes -o jsonpath="
+                          "'{.items[*].endpoints[*].addresses[*]}', as /32 CIDRs)"))
     if eng.build == "in-cluster":
         for key, image in (("k3:engine.buildkitImage", eng.buildkit_image),
                            ("k3:engine.reporterImage", eng.reporter_image)):

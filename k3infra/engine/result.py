@@ -48,6 +48,18 @@ def _version(version: str, plan: EnginePlan, where: str) -> str:
     return version
 
 
+def check_result_object(immutable: Optional[bool], uid: Optional[str], created_uid: Optional[str],
+                        where: str = "engine build result") -> None:
+    """The result ConfigMap Pulumi reads must be the one it created (same uid), made
+    immutable by the Job's single write: anything else could carry another digest."""
+    if immutable is not True:
+        raise EngineBuildError(f"{where} is not immutable: the build Job writes it once and "
+                               "makes it immutable; a mutable one may have been edited since")
+    if not uid or uid != created_uid:
+        raise EngineBuildError(f"{where} is not the ConfigMap this stack created (uid {uid!r}, "
+                               f"created {created_uid!r}): it was deleted and re-created")
+
+
 def parse_build_result(data: Optional[Mapping[str, str]], plan: EnginePlan,
                        where: str = "engine build result") -> BuildResult:
     """The in-cluster Job's ConfigMap data (written by pod/report.py)."""
