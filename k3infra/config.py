@@ -148,6 +148,28 @@ class WeightsConfig(_Section):
         return v
 
 
+_PLACEHOLDER_DIGEST = "@sha256:" + "0" * 64
+
+
+class BaseImages(_Section):
+    """The engine recipe's base images (k3:engine.baseImages), each pinned by digest and
+    passed to images/Dockerfile as build args. The shipped digests are all-zero
+    placeholders of the Dockerfile's exact tags: `pulumi up` refuses to build with them
+    (docs/engine.md shows how to read each tag's digest)."""
+
+    cuda_devel: str = Field(default="nvidia/cuda:13.0.2-devel-ubuntu22.04" + _PLACEHOLDER_DIGEST,
+                            alias="cudaDevel")
+    uv: str = "ghcr.io/astral-sh/uv:0.8.22" + _PLACEHOLDER_DIGEST
+    rust: str = "rust:1.90.0-slim-bookworm" + _PLACEHOLDER_DIGEST
+
+    @field_validator("cuda_devel", "uv", "rust")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        if not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>:<tag>@sha256:<64 hex>")
+        return v
+
+
 class EngineConfig(_Section):
     """How the engine image is obtained (k3:engine). docs/engine.md explains each key."""
 
@@ -156,6 +178,7 @@ class EngineConfig(_Section):
     # "Pinning the engine commit"); it must start with the receipt's short SHA. Builds
     # take only this: `pulumi up` refuses to build without it.
     commit: Optional[str] = None
+    base_images: BaseImages = Field(default_factory=BaseImages, alias="baseImages")
     # Repository the build pushes to, without tag or digest: registry.example.com/k3/vllm.
     registry: Optional[str] = None
     # Tag pushed next to the digest; default: derived from the receipt's engine commit.

@@ -19,6 +19,22 @@ from k3infra.receipt import load_receipt
 
 from conftest import GOOD_REVISION, ROOT
 
+def _recipe_with_locks() -> str:
+    """images/ as shipped, plus stand-in lock files (the real ones are compiled per engine
+    commit by a maintainer; their absence is tested below)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="k3-recipe-"))
+    for name in ec.RECIPE_FILES:
+        if name in ec.LOCK_FILES:
+            (d / name).write_text(f"# stand-in {name}\nexample==1.0 --hash=sha256:{'0' * 64}\n")
+        else:
+            shutil.copy(ROOT / "images" / name, d / name)
+    return str(d)
+
+
+RECIPE_DIR = _recipe_with_locks()
 DIGEST = "sha256:" + "ab" * 32
 WHEEL = "cd" * 32
 FULL = None     # set from the receipt below (the commit's prefix + padding)
@@ -154,7 +170,7 @@ def test_upstream_is_labelled_not_measured_and_has_no_engine_commit():
 def test_in_cluster_image_is_the_digest_the_job_reported():
     mocks = Recorder(result_data=result_data())
     comp, (image, digest, commit, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     assert image == f"{REPO}@{DIGEST}"
     assert digest == DIGEST
@@ -175,7 +191,7 @@ def test_in_cluster_image_is_the_digest_the_job_reported():
 
 def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
     mocks = Recorder(result_data=result_data())
-    run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+    run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     kinds = Counter(r.typ.split(":")[-1] for r in mocks.resources if r.typ.startswith("kubernetes:"))
     # job files, context, result (created) + the result read
@@ -186,6 +202,24 @@ def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
     context = next(r for r in mocks.resources if r.name == "engine-context")
     assert set(context.inputs["data"]) == set(ec.RECIPE_FILES)
     assert context.inputs["data"]["Dockerfile"] == (ROOT / "images" / "Dockerfile").read_text()
+
+
+def test_a_build_without_hash_locked_requirements_is_refused_on_update(monkeypatch):
+    """Issue 21: Python packages only from hash-locked files; images/ ships none until a
+    maintainer compiles them for the engine commit, so `pulumi up` refuses."""
+    from k3infra.gates import GateError
+
+    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    shipped = ROOT / "images"
+    missing = [n for n in ec.LOCK_FILES if not (shipped / n).is_file()]
+    if not missing:
+        pytest.skip("images/ carries compiled locks")
+    mocks = Recorder(result_data=result_data())
+    with pytest.raises(GateError) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(shipped)}),
+            mocks)
+    assert all(f"images/{n}" in str(err.value) for n in missing)
+    assert mocks.resources == []
 
 
 def test_in_cluster_git_context_uploads_no_recipe():
@@ -214,7 +248,7 @@ def test_in_cluster_refuses_a_result_that_does_not_match_the_plan(bad, message):
     mocks = Recorder(result_data=result_data(**bad))
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
-                                              "recipeDir": str(ROOT / "images")}), mocks)
+                                              "recipeDir": RECIPE_DIR}), mocks)
     assert message in str(err.value)
 
 
@@ -229,7 +263,7 @@ def test_in_cluster_refuses_a_result_configmap_that_could_have_been_edited(over,
     mocks = Recorder(result_data=result_data(), **over)
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
-                                              "recipeDir": str(ROOT / "images")}), mocks)
+                                              "recipeDir": RECIPE_DIR}), mocks)
     assert message in str(err.value)
 
 
@@ -237,7 +271,7 @@ def test_in_cluster_offline_render_shows_a_labelled_placeholder(monkeypatch):
     monkeypatch.setenv(OFFLINE_RENDER_ENV, "1")
     mocks = Recorder(result_data=None)
     _, (image, digest, _, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     assert image == f"{REPO}@{ec.PLACEHOLDER_DIGEST}"
     assert wheel is None
@@ -247,7 +281,7 @@ def test_in_cluster_without_a_result_outside_a_render_is_an_error(monkeypatch):
     monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
-                                              "recipeDir": str(ROOT / "images")}),
+                                              "recipeDir": RECIPE_DIR}),
             Recorder(result_data=None))
     assert "no image digest" in str(err.value)
 
@@ -263,7 +297,7 @@ def local_cfg(**engine):
 def write_record(export_root: Path, plan, sha=WHEEL, commit=None):
     from k3infra.engine.manifests import recipe_hash
 
-    d = export_root / f"wheel-{recipe_hash(plan, ec.recipe_files(ROOT / 'images'))}"
+    d = export_root / f"wheel-{recipe_hash(plan, ec.recipe_files(Path(RECIPE_DIR)))}"
     d.mkdir(parents=True)
     r = load_receipt()
     (d / "engine-wheel.json").write_text(json.dumps({
@@ -278,7 +312,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
     export = write_record(tmp_path, plan)
     mocks = Recorder()
     comp, (image, digest, commit, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+        lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
                                           "exportDir": str(tmp_path)}), mocks)
     images = mocks.of_type("docker-build:index:Image")
     assert [i.inputs["target"] for i in images] == ["wheel-export", "runtime"]
@@ -299,7 +333,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
 def test_local_without_pass_one_record_is_an_error(tmp_path):
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": local_cfg(),
-                                              "recipeDir": str(ROOT / "images"),
+                                              "recipeDir": RECIPE_DIR,
                                               "exportDir": str(tmp_path)}), Recorder())
     assert "engine-wheel.json is missing" in str(err.value)
 
@@ -327,7 +361,7 @@ def test_local_refuses_a_record_of_another_commit(tmp_path):
     cfg = local_cfg()
     write_record(tmp_path, resolve_engine(load_receipt(), cfg), commit="e" * 40)
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
                                               "exportDir": str(tmp_path)}), Recorder())
     assert "is not the pinned" in str(err.value)
 
@@ -337,7 +371,7 @@ def test_local_without_a_cache_repository_uses_no_registry_cache(tmp_path):
     cfg = local_cfg(cacheRegistry=None)
     write_record(tmp_path, resolve_engine(load_receipt(), cfg))
     mocks = Recorder()
-    run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+    run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
                                           "exportDir": str(tmp_path)}), mocks)
     for image in mocks.of_type("docker-build:index:Image"):
         assert not image.inputs.get("cacheFrom") and not image.inputs.get("cacheTo")
@@ -361,7 +395,7 @@ def test_a_build_without_its_pins_is_refused_on_update(monkeypatch, engine, key)
     cfg = config(engine={**base, **{k: v for k, v in engine.items()}})
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images")}),
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR}),
             mocks)
     assert key in str(err.value)
     assert mocks.resources == []
@@ -388,7 +422,7 @@ def test_in_cluster_with_placeholder_image_digests_is_refused_on_update(monkeypa
     cfg = config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push"})
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images")}),
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR}),
             mocks)
     assert "k3:engine.buildkitImage" in str(err.value) and "k3:engine.reporterImage" in str(err.value)
     assert mocks.resources == []

@@ -28,8 +28,11 @@ from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX, enforce
 from k3infra.kube import apply_manifest
 from k3infra.receipt import Receipt, load_receipt
 
-# Files of images/ the Dockerfile uses (its only COPY from the context is the helper).
-RECIPE_FILES = ("Dockerfile", "k3_engine_build.py")
+# Files of images/ the Dockerfile uses: the helper and the hash-locked requirements.
+# The locks are compiled once per engine commit by a maintainer with access to both
+# package indexes (docs/engine.md, "Supply chain"); a build without them is refused.
+RECIPE_FILES = ("Dockerfile", "k3_engine_build.py", "build.lock", "runtime.lock")
+LOCK_FILES = ("build.lock", "runtime.lock")
 PLACEHOLDER_DIGEST = f"sha256:{PLACEHOLDER_HEX}"
 
 
@@ -60,7 +63,20 @@ def find_recipe_dir(explicit: Optional[str] = None) -> Path:
 
 
 def recipe_files(recipe: Path) -> dict[str, str]:
-    return {name: (recipe / name).read_text() for name in RECIPE_FILES}
+    """The recipe's files; a missing lock is left out (lock_gates refuses the update)."""
+    return {name: (recipe / name).read_text() for name in RECIPE_FILES
+            if name not in LOCK_FILES or (recipe / name).is_file()}
+
+
+def lock_gates(recipe: Optional[Path]) -> list:
+    """Hash-locked requirements the recipe needs: missing ones refuse `pulumi up`."""
+    from k3infra.gates import Gate
+
+    if recipe is None:
+        return []
+    return [Gate(f"images/{name}", f"missing: the engine installs Python packages only from "
+                 f"hash-locked files; compile {name} for this engine commit (docs/engine.md, "
+                 "\"Supply chain\")") for name in LOCK_FILES if not (recipe / name).is_file()]
 
 
 def job_files() -> dict[str, str]:
@@ -103,6 +119,7 @@ class EngineBuild(pulumi.ComponentResource):
         uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
                                                and cfg.engine.context == "configmap")
         recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None
+        enforce(lock_gates(recipe))
         super().__init__("k3infra:index:EngineBuild", name, None, opts)
         self.plan = plan
         self.build_objects: dict[str, pulumi.CustomResource] = {}

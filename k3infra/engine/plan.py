@@ -143,6 +143,11 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
         "MAX_JOBS": str(jobs),
         "NVCC_THREADS": str(threads),
         "USE_SCCACHE": "1" if cfg.engine.sccache_secret else "0",
+        # Base images by digest (k3:engine.baseImages).
+        "BUILD_BASE_IMAGE": cfg.engine.base_images.cuda_devel,
+        "RUNTIME_BASE_IMAGE": cfg.engine.base_images.cuda_devel,
+        "UV_IMAGE": cfg.engine.base_images.uv,
+        "RUST_IMAGE": cfg.engine.base_images.rust,
     }
 
 
@@ -291,6 +296,14 @@ def engine_gates(cfg: StackConfig) -> list[Gate]:
                           f"images/k3_engine_build.py resolve --repo-url {e.repo} --pr "
                           f"{e.pull_request} --commit {e.commit} --dest /tmp/vllm-resolve; "
                           "check the commit it prints, then set it)"))
+    if eng.build != "prebuilt":
+        for sub, image in (("cudaDevel", eng.base_images.cuda_devel), ("uv", eng.base_images.uv),
+                           ("rust", eng.base_images.rust)):
+            if is_placeholder(image):
+                tag = image.split("@", 1)[0]
+                found.append(Gate(f"k3:engine.baseImages.{sub}",
+                                  f"{image} is a placeholder digest: set the digest of {tag} "
+                                  f"(docker buildx imagetools inspect {tag})"))
     if eng.build == "in-cluster" and not eng.api_server_cidrs:
         found.append(Gate("k3:engine.apiServerCidrs",
                           "unset: the build pod may reach no cluster address but the API "
