@@ -89,6 +89,13 @@ def offline_render() -> bool:
     return os.environ.get(OFFLINE_RENDER_ENV) == "1"
 
 
+def _uid(meta: Any) -> Optional[str]:
+    """metadata.uid of a read or created object (None where the engine has none yet)."""
+    if meta is None:
+        return None
+    return meta.get("uid") if isinstance(meta, dict) else getattr(meta, "uid", None)
+
+
 def placeholder_result(plan: EnginePlan, why: str) -> BuildResult:
     pulumi.log.warn(f"k3:engine.build = {plan.mode}: the image digest is {why}; the render "
                     f"shows {plan.repository}@{PLACEHOLDER_DIGEST}")
@@ -198,8 +205,9 @@ class EngineBuild(pulumi.ComponentResource):
             check_result_object(immutable, uid, created_uid, where)
             return parse_build_result(data, plan, where)
 
-        return pulumi.Output.all(result_cm.data, result_cm.immutable, result_cm.metadata.uid,
-                                 created["result"].metadata.uid).apply(parse)
+        return pulumi.Output.all(result_cm.data, result_cm.immutable,
+                                 result_cm.metadata.apply(_uid),
+                                 created["result"].metadata.apply(_uid)).apply(parse)
 
     # --- local ---------------------------------------------------------------------
 
