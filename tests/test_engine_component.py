@@ -57,13 +57,17 @@ REPORTER = f"python:3.12.11-slim-bookworm@sha256:{'56' * 32}"
 
 
 API_SERVER = "10.0.0.10/32"
+BASE_IMAGES = {"cudaDevel": "nvidia/cuda:13.0.2-devel-ubuntu22.04@sha256:" + "71" * 32,
+               "uv": "ghcr.io/astral-sh/uv:0.8.22@sha256:" + "72" * 32,
+               "rust": "rust:1.90.0-slim-bookworm@sha256:" + "73" * 32}
 RESULT_UID = "uid-of-the-created-result"
 
 
 def in_cluster(**engine):
     return config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push",
                           "buildkitImage": BUILDKIT, "reporterImage": REPORTER,
-                          "commit": full_commit(), "apiServerCidrs": [API_SERVER], **engine})
+                          "commit": full_commit(), "apiServerCidrs": [API_SERVER],
+                          "baseImages": BASE_IMAGES, **engine})
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -291,7 +295,7 @@ CACHE_REPO = "registry.example.com/k3/vllm-buildcache"
 
 def local_cfg(**engine):
     return config(engine={"build": "local", "registry": REPO, "commit": full_commit(),
-                          "cacheRegistry": CACHE_REPO, **engine})
+                          "cacheRegistry": CACHE_REPO, "baseImages": BASE_IMAGES, **engine})
 
 
 def write_record(export_root: Path, plan, sha=WHEEL, commit=None):
@@ -378,7 +382,8 @@ def test_local_without_a_cache_repository_uses_no_registry_cache(tmp_path):
 
 
 @pytest.mark.parametrize("engine, key", [
-    ({"build": "local", "registry": REPO}, "k3:engine.commit"),
+    ({"build": "local", "registry": REPO, "commit": None}, "k3:engine.commit"),
+    ({"build": "local", "registry": REPO, "baseImages": {}}, "k3:engine.baseImages.cudaDevel"),
     ({"build": "in-cluster", "registry": REPO, "registrySecret": "push",
       "buildkitImage": BUILDKIT, "reporterImage": REPORTER, "commit": None}, "k3:engine.commit"),
     ({"build": "in-cluster", "registry": REPO, "registrySecret": "push",
@@ -391,7 +396,7 @@ def test_a_build_without_its_pins_is_refused_on_update(monkeypatch, engine, key)
     from k3infra.gates import GateError
 
     monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
-    base = {"commit": full_commit(), "apiServerCidrs": [API_SERVER]}
+    base = {"commit": full_commit(), "apiServerCidrs": [API_SERVER], "baseImages": BASE_IMAGES}
     cfg = config(engine={**base, **{k: v for k, v in engine.items()}})
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
