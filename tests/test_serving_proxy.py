@@ -41,11 +41,16 @@ class StandIn(BaseHTTPRequestHandler):
     spaces of a header value, so `Bearer <key> ` is the key itself: not a case.)"""
 
     seen: list[tuple[str, str, str]] = []
+    # Streaming: the first event is sent, the second only once the client has the first.
+    first_event_received = threading.Event()
+    body_sizes: list[int] = []
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length:
-            self.rfile.read(length)
+            StandIn.body_sizes.append(len(self.rfile.read(length)))
+        if self.headers.get("X-Test-Stream"):
+            return self._stream()
         StandIn.seen.append((self.command, self.path, self.headers.get("Authorization", "")))
         body = json.dumps({"upstream": self.path, "method": self.command}).encode()
         self.send_response(200)
@@ -54,18 +59,48 @@ class StandIn(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in (b"data: first\n\n", None, b"data: [DONE]\n\n"):
+            if event is None:
+                StandIn.first_event_received.wait(timeout=30)
+                continue
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _answer
 
     def log_message(self, *args) -> None:
         pass
 
 
+def as_proxy_user(tmp: Path) -> list[str]:
+    """Run nginx as the pod does: the proxy's non-root uid, owning only its temp dir.
+    (As root, nginx would start its workers as `nobody` instead.)"""
+    import os
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv:
+        return []
+    for path in (tmp, *tmp.iterdir()):
+        os.chown(path, proxy.PROXY_UID, proxy.PROXY_UID)
+    return [setpriv, f"--reuid={proxy.PROXY_UID}", f"--regid={proxy.PROXY_UID}",
+            "--clear-groups"]
+
+
 @pytest.fixture(scope="module")
-def running(tmp_path_factory):
+def running():
     if not NGINX:
         pytest.skip("nginx is not installed (Debian: apt-get install nginx-light); "
                     ".ci/run installs it")
-    tmp = tmp_path_factory.mktemp("proxy")
+    import tempfile
+
+    # Directly under /tmp: pytest's own temp root is private to this user.
+    tmp = Path(tempfile.mkdtemp(prefix="k3-proxy-"))
     engine = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     ports = {"port": free_port(), "metricsPort": free_port(), "healthPort": free_port(),
@@ -79,11 +114,17 @@ def running(tmp_path_factory):
     assert conf.replace(str(tmp / proxy.KEYS_KEY), f"{proxy.CONF_DIR}/{proxy.KEYS_KEY}") \
                .replace(str(tmp), proxy.TMP_DIR) == files[proxy.CONF_KEY]
     (tmp / "nginx.conf").write_text(conf)
-    test = subprocess.run([NGINX, "-t", "-e", "stderr", "-c", str(tmp / "nginx.conf")],
-                          capture_output=True, text=True)
+    # The access log goes to /dev/stdout: a file the proxy's user owns, as runc hands a
+    # container its stdio.
+    (tmp / "stdout").write_text("")
+    as_pod = as_proxy_user(tmp)
+    stdout = open(tmp / "stdout", "a")
+    test = subprocess.run([*as_pod, NGINX, "-t", "-e", "stderr", "-c", str(tmp / "nginx.conf")],
+                          stdout=stdout, stderr=subprocess.PIPE, text=True)
     assert test.returncode == 0, test.stderr
-    proc = subprocess.Popen([NGINX, "-e", "stderr", "-c", str(tmp / "nginx.conf"),
-                             "-g", "daemon off;"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*as_pod, NGINX, "-e", "stderr", "-c", str(tmp / "nginx.conf"),
+                             "-g", "daemon off;"], stdout=stdout, stderr=subprocess.PIPE,
+                            text=True)
     deadline = time.monotonic() + 10
     for port in (ports["port"], ports["metricsPort"], ports["healthPort"]):
         while True:
@@ -95,10 +136,12 @@ def running(tmp_path_factory):
                     proc.kill()
                     pytest.fail(f"nginx did not listen on {port}: {proc.stderr.read()}")
                 time.sleep(0.05)
-    yield ports
+    yield {**ports, "access_log": tmp / "stdout"}
     proc.terminate()
     proc.wait(timeout=10)
+    stdout.close()
     engine.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def call(port: int, method: str, path: str, auth: str | None = None) -> tuple[int, bytes]:
@@ -204,3 +247,44 @@ def test_the_proxy_answers_its_own_liveness_without_vllm(running):
                                                     proxy.LIVE_PATH)))
     assert box["r"][0] == 200
     assert seen == []
+
+
+def test_server_sent_events_reach_the_client_as_they_are_sent(running):
+    """Tokens stream: the stand-in sends its second event only after the client read the
+    first, so a proxy that held events back until the response ended would make the read
+    below time out (20 s) before the stand-in gives up waiting (30 s). (nginx forwards
+    what it has with proxy_buffering on too; `off` is there so nothing spools to disk.)"""
+    StandIn.first_event_received.clear()
+    conn = http.client.HTTPConnection("127.0.0.1", running["port"], timeout=20)
+    conn.request("POST", "/v1/completions", body=b'{"stream": true}',
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
+                          "X-Test-Stream": "1"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    first = resp.readline()           # chunk-aware: returns as soon as the line is in
+    assert first.strip() == b"data: first"
+    StandIn.first_event_received.set()
+    rest = resp.read()
+    assert b"data: [DONE]" in rest
+    conn.close()
+
+
+def test_a_prompt_of_the_receipts_size_passes(running):
+    """Workload A's prompts are ~36K tokens (~150 KB); 1 MiB passes whole."""
+    body = b'{"prompt": "' + b"x" * (1 << 20) + b'"}'
+    conn = http.client.HTTPConnection("127.0.0.1", running["port"], timeout=20)
+    StandIn.body_sizes.clear()
+    conn.request("POST", "/v1/completions", body=body,
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert conn.getresponse().status == 200
+    assert StandIn.body_sizes == [len(body)]
+    conn.close()
+
+
+def test_the_access_log_never_holds_the_key(running):
+    """Every request above is logged (method, path, status), the key never is."""
+    call(running["port"], "POST", "/v1/completions", f"Bearer {KEY}")
+    call(running["port"], "POST", "/invocations", f"Bearer {KEY}")
+    log = running["access_log"].read_text()
+    assert '"POST /v1/completions" 200' in log and '"POST /invocations" 404' in log
+    assert KEY not in log and KEY.replace("+", "%2B") not in log

@@ -125,7 +125,7 @@ http {{
     proxy_http_version 1.1;
     proxy_set_header Connection "";
     proxy_set_header Host $host;
-    # Server-sent events: pass each token as vLLM sends it.
+    # Server-sent events: pass each token as vLLM sends it, never spool to disk.
     proxy_buffering off;
     proxy_read_timeout {READ_TIMEOUT_SECONDS}s;
     proxy_send_timeout {READ_TIMEOUT_SECONDS}s;
