@@ -135,7 +135,7 @@ def test_registry_credentials_come_from_the_secret_and_only_report_gets_a_token(
     assert {m["name"] for m in build["volumeMounts"]} & {"registry-auth", "cache-auth"} == set()
     assert {"name": "DOCKER_CONFIG", "value": em.AUTH_DIR} in build["env"]
     assert auth["command"] == ["python3", f"{em.JOB_DIR}/auth.py", em.AUTH_DIR,
-                               f"{em.JOB_DIR}/registry-auth/config.json",
+                               f"{em.REGISTRY_AUTH_DIR}/config.json",
                                f"{em.CACHE_AUTH_DIR}/config.json"]
     assert vols["auth"]["emptyDir"]["medium"] == "Memory"
     assert {"name": "token", "mountPath": em.TOKEN_DIR, "readOnly": True} in rep["volumeMounts"]

@@ -22,6 +22,9 @@ OUT_DIR = "/k3/out"                   # pass 1 export + BuildKit metadata, read 
 SCCACHE_DIR = "/k3/sccache"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 AUTH_DIR = "/k3/auth"                 # registry credentials, merged for BuildKit
+# The Secrets, seen only by the `auth` init container (own paths: a mount point inside a
+# read-only ConfigMap volume cannot be created).
+REGISTRY_AUTH_DIR = "/k3/registry-auth"
 CACHE_AUTH_DIR = "/k3/cache-auth"
 # The rootless BuildKit image runs as `user` (1000) with its state under this home.
 BUILDKIT_UID = 1000
@@ -261,10 +264,9 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
     if context == "local":
         build_mounts.append({"name": "context", "mountPath": CONTEXT_DIR, "readOnly": True})
         volumes.append({"name": "context", "configMap": {"name": names.context_configmap}})
-    auth_sources = [f"{JOB_DIR}/registry-auth/config.json"]
+    auth_sources = [f"{REGISTRY_AUTH_DIR}/config.json"]
     auth_mounts = [{"name": "job", "mountPath": JOB_DIR, "readOnly": True},
-                   {"name": "registry-auth", "mountPath": f"{JOB_DIR}/registry-auth",
-                    "readOnly": True},
+                   {"name": "registry-auth", "mountPath": REGISTRY_AUTH_DIR, "readOnly": True},
                    {"name": "auth", "mountPath": AUTH_DIR}]
     if eng.cache_registry_secret:
         volumes.append({"name": "cache-auth", "secret": {
