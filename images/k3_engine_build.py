@@ -2,7 +2,8 @@
 """The checked steps of images/Dockerfile, one subcommand each (standard library only).
 
 Every step that decides what gets built refuses instead of guessing:
-  fetch           clone vLLM, resolve the receipt's short commit to a full SHA, check out
+  resolve         once, by the operator: the receipt's short commit -> the full SHA to pin
+  fetch           clone vLLM at the pinned full SHA (k3:engine.commit), check out
   check-arch      TORCH_CUDA_ARCH_LIST must run on the receipt's compute capability
   check-version   the pristine checkout's setuptools_scm version must be the receipt's
   exclude         disable an in-tree extension named in the receipt (FlashKDA)
@@ -102,40 +103,80 @@ def resolve(repo: Path, short: str) -> str | None:
     return proc.stdout.strip()
 
 
-def cmd_fetch(a: argparse.Namespace) -> None:
-    if not SHORT_SHA.match(a.commit or ""):
-        raise BadArgument(f"ENGINE_COMMIT={a.commit!r}: 7 to 40 lowercase hex characters "
-                          "(from the receipt, via k3infra.engine.plan.build_args)")
+def _check_source_args(a: argparse.Namespace) -> None:
     if not (a.repo_url or "").strip():
         raise BadArgument("ENGINE_REPO is empty: the engine's Git URL (from the receipt)")
     if not (a.pr or "").isdigit():
         raise BadArgument(f"ENGINE_PR={a.pr!r}: the pull request number (from the receipt)")
-    dest = Path(a.dest)
+
+
+def _fetch_history(dest: Path, a: argparse.Namespace) -> None:
+    """Blobless: full commit history and tags (setuptools_scm counts commits since the
+    last tag to form the version), file contents only for the checkout."""
     dest.mkdir(parents=True, exist_ok=True)
     git(dest, "init", "--quiet")
     git(dest, "remote", "add", "origin", a.repo_url)
-    # Blobless: full commit history and tags (setuptools_scm counts commits since the
-    # last tag to form the version), file contents only for the checkout.
     git(dest, "fetch", "--quiet", "--filter=blob:none", "--tags", "origin",
         f"+refs/pull/{a.pr}/head:refs/remotes/origin/pr-{a.pr}")
+
+
+def _has_commit(repo: Path, sha: str) -> bool:
+    return subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{sha}^{{commit}}"],
+                          capture_output=True).returncode == 0
+
+
+def cmd_resolve(a: argparse.Namespace) -> None:
+    """The one step that reads a prefix: the operator runs it once, checks the commit it
+    prints (author, date, subject, on the pull request page) and pins the full SHA as
+    k3:engine.commit. Builds never resolve: the pull request ref is its author's to move,
+    and a prefix of 8 hex digits is within reach of a made-up colliding commit."""
+    if not SHORT_SHA.match(a.commit or ""):
+        raise BadArgument(f"--commit {a.commit!r}: 7 to 40 lowercase hex characters")
+    _check_source_args(a)
+    dest = Path(a.dest)
+    _fetch_history(dest, a)
     full = resolve(dest, a.commit)
+    where = f"pull request {a.pr}"
     if full is None:
-        # The commit may have left the pull request (force-push, merge): all branches.
         git(dest, "fetch", "--quiet", "--filter=blob:none", "--tags", "origin",
             "+refs/heads/*:refs/remotes/origin/*")
-        full = resolve(dest, a.commit)
+        full, where = resolve(dest, a.commit), "a branch"
     if full is None:
         raise CheckFailed(f"no commit starting with {a.commit} in pull request {a.pr} or any "
                           f"branch of {a.repo_url}")
     if not (FULL_SHA.match(full) and full.startswith(a.commit)):
         raise CheckFailed(f"resolved {a.commit} to {full!r}, which does not start with it")
-    git(dest, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", full)
+    about = git(dest, "show", "-s", "--format=%an <%ae> %aI %s", full, capture=True)
+    print(f"{full}\tfound in {where}: {about}")
+
+
+def cmd_fetch(a: argparse.Namespace) -> None:
+    if not FULL_SHA.match(a.commit or ""):
+        raise BadArgument(f"ENGINE_COMMIT={a.commit!r}: the full 40-hex commit (k3:engine.commit; "
+                          "`k3_engine_build.py resolve` turns the receipt's short SHA into it "
+                          "once, docs/engine.md)")
+    if not SHORT_SHA.match(a.expect_prefix or ""):
+        raise BadArgument(f"ENGINE_COMMIT_PREFIX={a.expect_prefix!r}: the receipt's short commit")
+    if not a.commit.startswith(a.expect_prefix):
+        raise CheckFailed(f"ENGINE_COMMIT {a.commit} does not start with the receipt's "
+                          f"{a.expect_prefix}: not the measured engine")
+    _check_source_args(a)
+    dest = Path(a.dest)
+    _fetch_history(dest, a)
+    if not _has_commit(dest, a.commit):
+        # Left the pull request (force-push, merge): ask for the exact object.
+        proc = subprocess.run(["git", "-C", str(dest), "fetch", "--quiet", "--filter=blob:none",
+                               "origin", a.commit], capture_output=True, text=True)
+        if proc.returncode != 0 or not _has_commit(dest, a.commit):
+            raise CheckFailed(f"commit {a.commit} is not in pull request {a.pr} of {a.repo_url} "
+                              "and the remote does not serve it")
+    git(dest, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", a.commit)
     head = git(dest, "rev-parse", "HEAD", capture=True)
-    if head != full:
-        raise CheckFailed(f"checked out {head}, expected {full}")
+    if head != a.commit:
+        raise CheckFailed(f"checked out {head}, expected {a.commit}")
     if a.record:
-        Path(a.record).write_text(full + "\n")
-    print(f"k3-engine: {a.repo_url} pull/{a.pr}: {a.commit} -> {full}")
+        Path(a.record).write_text(a.commit + "\n")
+    print(f"k3-engine: {a.repo_url} pull/{a.pr}: {a.commit}")
 
 
 # --- architecture -----------------------------------------------------------------------
@@ -372,10 +413,18 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="k3_engine_build.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
+    r = sub.add_parser("resolve")
+    r.add_argument("--repo-url", default="")
+    r.add_argument("--pr", default="")
+    r.add_argument("--commit", default="")
+    r.add_argument("--dest", required=True)
+    r.set_defaults(func=cmd_resolve)
+
     f = sub.add_parser("fetch")
     f.add_argument("--repo-url", default="")
     f.add_argument("--pr", default="")
     f.add_argument("--commit", default="")
+    f.add_argument("--expect-prefix", default="")
     f.add_argument("--dest", required=True)
     f.add_argument("--record")
     f.set_defaults(func=cmd_fetch)

@@ -22,6 +22,12 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DIGEST_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SECRET_PLACEHOLDER = "[secret]"
+# RFC 6750 bearer token (b64token): what the serving proxy compares byte for byte.
+API_KEY_RE = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+# The serving proxy (k3infra/serving/proxy.py): nginx, non-root, by digest. The shipped
+# digest is an all-zero placeholder: renders work, `pulumi up` refuses it
+# (docs/security.md shows how to read the real digest of the tag).
+PROXY_IMAGE = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "0" * 64
 SECRET_KEYS = ("apiKey", "hfToken")
 
 
@@ -98,7 +104,29 @@ class ServingConfig(_Section):
     update_strategy: Literal["RollingUpdate", "OnDelete"] = Field(default="RollingUpdate",
                                                                   alias="updateStrategy")
     update_partition: int = Field(default=0, ge=0, alias="updatePartition")
-    port: int = Field(default=8000, ge=1, le=65535)
+    # The proxy's ports (the only ones on the pod's address): the API (clients), the
+    # metrics (the scraper) and the health port (kubelet probes). vLLM itself listens
+    # on 127.0.0.1:enginePort, unreachable from outside the pod.
+    port: int = Field(default=8000, ge=1024, le=65535)
+    metrics_port: int = Field(default=9090, ge=1024, le=65535, alias="metricsPort")
+    health_port: int = Field(default=8081, ge=1024, le=65535, alias="healthPort")
+    engine_port: int = Field(default=8001, ge=1024, le=65535, alias="enginePort")
+    proxy_image: str = Field(default=PROXY_IMAGE, alias="proxyImage")
+
+    @field_validator("proxy_image")
+    @classmethod
+    def _proxy_pinned(cls, v: str) -> str:
+        if not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>[:<tag>]@sha256:<64 hex>")
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "ServingConfig":
+        ports = {"port": self.port, "metricsPort": self.metrics_port,
+                 "healthPort": self.health_port, "enginePort": self.engine_port}
+        if len(set(ports.values())) != len(ports):
+            raise ValueError(f"port, metricsPort, healthPort and enginePort must differ: {ports}")
+        return self
 
 
 class WeightsConfig(_Section):
@@ -120,10 +148,37 @@ class WeightsConfig(_Section):
         return v
 
 
+_PLACEHOLDER_DIGEST = "@sha256:" + "0" * 64
+
+
+class BaseImages(_Section):
+    """The engine recipe's base images (k3:engine.baseImages), each pinned by digest and
+    passed to images/Dockerfile as build args. The shipped digests are all-zero
+    placeholders of the Dockerfile's exact tags: `pulumi up` refuses to build with them
+    (docs/engine.md shows how to read each tag's digest)."""
+
+    cuda_devel: str = Field(default="nvidia/cuda:13.0.2-devel-ubuntu22.04" + _PLACEHOLDER_DIGEST,
+                            alias="cudaDevel")
+    uv: str = "ghcr.io/astral-sh/uv:0.8.22" + _PLACEHOLDER_DIGEST
+    rust: str = "rust:1.90.0-slim-bookworm" + _PLACEHOLDER_DIGEST
+
+    @field_validator("cuda_devel", "uv", "rust")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        if not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>:<tag>@sha256:<64 hex>")
+        return v
+
+
 class EngineConfig(_Section):
     """How the engine image is obtained (k3:engine). docs/engine.md explains each key."""
 
     build: Literal["prebuilt", "in-cluster", "local"] = "prebuilt"
+    # The receipt's short engine commit resolved once to its full 40-hex SHA (docs/engine.md,
+    # "Pinning the engine commit"); it must start with the receipt's short SHA. Builds
+    # take only this: `pulumi up` refuses to build without it.
+    commit: Optional[str] = None
+    base_images: BaseImages = Field(default_factory=BaseImages, alias="baseImages")
     # Repository the build pushes to, without tag or digest: registry.example.com/k3/vllm.
     registry: Optional[str] = None
     # Tag pushed next to the digest; default: derived from the receipt's engine commit.
@@ -147,6 +202,23 @@ class EngineConfig(_Section):
     max_jobs: Optional[int] = Field(default=None, ge=1, alias="maxJobs")
     nvcc_threads: Optional[int] = Field(default=None, ge=1, le=8, alias="nvccThreads")
     build_node_selector: dict[str, str] = Field(default_factory=dict, alias="buildNodeSelector")
+    # in-cluster: what keeps the build (untrusted setup code, unconfined seccomp) away
+    # from other workloads. `node-pool`: only nodes labelled and tainted
+    # k3infra.dev/engine-build=true (a pool for builds alone); `runtime-class`: a
+    # sandboxed RuntimeClass (gVisor, Kata) named by buildRuntimeClass.
+    build_isolation: Literal["node-pool", "runtime-class"] = Field(default="node-pool",
+                                                                   alias="buildIsolation")
+    build_runtime_class: Optional[str] = Field(default=None, alias="buildRuntimeClass")
+    # in-cluster: the API server's endpoint addresses (the report container writes the
+    # result there); every other cluster address is cut out of the build's egress.
+    api_server_cidrs: list[str] = Field(default_factory=list, alias="apiServerCidrs")
+    # in-cluster: a registry or mirror inside your network (cluster CIDRs are otherwise
+    # unreachable from the build).
+    registry_cidrs: list[str] = Field(default_factory=list, alias="registryCidrs")
+    # Registry build cache: its own repository and push Secret (never the serving
+    # image's); unset, builds use no registry cache at all.
+    cache_registry: Optional[str] = Field(default=None, alias="cacheRegistry")
+    cache_registry_secret: Optional[str] = Field(default=None, alias="cacheRegistrySecret")
     build_timeout_minutes: int = Field(default=600, ge=30, alias="buildTimeoutMinutes")
     # Optional sccache: a Secret whose `env` key holds SCCACHE_* settings (bucket, keys).
     sccache_secret: Optional[str] = Field(default=None, alias="sccacheSecret")
@@ -178,7 +250,19 @@ class EngineConfig(_Section):
         """`imagePullSecrets` for a pod spec that runs the engine image ({} when none)."""
         return {"imagePullSecrets": [{"name": n} for n in self.pull_secrets]} if self.pull_secrets else {}
 
-    @field_validator("registry")
+    @field_validator("api_server_cidrs", "registry_cidrs")
+    @classmethod
+    def _engine_cidrs(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
+        return v
+
+    @field_validator("registry", "cache_registry")
     @classmethod
     def _repository(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not re.match(r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9._-]+)+$", v):
@@ -200,11 +284,20 @@ class EngineConfig(_Section):
             raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
         return v
 
-    @field_validator("registry_secret", "sccache_secret")
+    @field_validator("registry_secret", "sccache_secret", "cache_registry_secret",
+                     "build_runtime_class")
     @classmethod
     def _secret_name(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
             raise ValueError("must be the name of a Secret in the stack's namespace")
+        return v
+
+    @field_validator("commit")
+    @classmethod
+    def _full_commit(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not COMMIT_RE.match(v):
+            raise ValueError("must be the full 40-hex engine commit (lowercase), resolved once "
+                             "from the receipt's short SHA")
         return v
 
     @field_validator("git_revision")
@@ -515,6 +608,12 @@ class NetworkConfig(_Section):
     hub_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1,
                                  alias="hubCidrs")
     hub_ports: list[int] = Field(default_factory=lambda: [443], min_length=1, alias="hubPorts")
+    # Addresses inside the cluster and its network (pods, services, nodes, the VPC): cut
+    # out of every internet egress rule (Hub, engine build). The default is every
+    # private range; list yours if the cluster uses public addresses inside.
+    cluster_cidrs: list[str] = Field(
+        default_factory=lambda: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                 "100.64.0.0/10", "fc00::/7"], alias="clusterCidrs")
 
     @field_validator("allow_from_namespaces")
     @classmethod
@@ -531,7 +630,7 @@ class NetworkConfig(_Section):
     def _pod_labels(cls, v: dict[str, str]) -> dict[str, str]:
         return _check_labels(v)
 
-    @field_validator("dns_cidrs", "hub_cidrs")
+    @field_validator("dns_cidrs", "hub_cidrs", "cluster_cidrs")
     @classmethod
     def _cidrs(cls, v: list[str]) -> list[str]:
         import ipaddress
@@ -608,6 +707,17 @@ class StackConfig(_Section):
             raise ValueError("must not be empty")
         return Secret(v)
 
+    @field_validator("api_key")
+    @classmethod
+    def _bearer_token(cls, v: Any) -> Any:
+        # The serving proxy matches `Authorization: Bearer <key>` exactly (an Output is
+        # checked when it resolves, by k3infra.serving.proxy.keys_map).
+        key = v.reveal() if isinstance(v, Secret) else v
+        if isinstance(key, str) and key != SECRET_PLACEHOLDER and not API_KEY_RE.match(key):
+            raise ValueError("must be an RFC 6750 bearer token: letters, digits and -._~+/ "
+                             "with optional trailing '=' (openssl rand -hex 32 makes one)")
+        return v
+
 
 def _error_key(loc: tuple) -> str:
     """pydantic location -> the config key a user typed (`k3:serving.shmSizeGi`)."""
@@ -680,6 +790,11 @@ def _check_cross_fields(cfg: StackConfig) -> None:
                           "engine-path changes need k3:profile = custom (the render is then "
                           "labelled as not the measured configuration)")
     for flag, value in cfg.surface.args.items():
+        if flag in ("--host", "--port"):
+            raise ConfigError(f"k3:surface.args.{flag}", value,
+                              "is set by k3infra: vLLM listens on 127.0.0.1:"
+                              "k3:serving.enginePort behind the authenticating proxy; the "
+                              "client port is k3:serving.port")
         allowed = receipt.serve.surface_flag(flag)
         if allowed is None:
             accepted = ", ".join(a.flag for a in receipt.serve.surface.args)

@@ -9,6 +9,8 @@ GPU_TAINT_KEY = "nvidia.com/gpu"                 # the usual taint on GPU nodes
 POOL_LABEL = "k3infra.dev/pool"                  # set by k3infra's node pools
 POOL_VALUE = "kimi-k3-b300"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Nodes for in-cluster engine builds alone: labelled and tainted with this key = "true".
+BUILD_NODE_KEY = "k3infra.dev/engine-build"
 
 
 def node_labels(gpu_product: str | None = None) -> dict[str, str]:
@@ -51,3 +53,19 @@ def one_replica_per_node(selector_labels: dict[str, str]) -> dict:
     return {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": dict(selector_labels)},
         "topologyKey": HOSTNAME_LABEL}]}
+
+
+def beside(selector_labels: dict[str, str]) -> dict:
+    """Pod affinity: on a node where a pod with these labels runs (the benchmark beside a
+    serving pod, whose node's weights its gate verified)."""
+    return {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": dict(selector_labels)},
+        "topologyKey": HOSTNAME_LABEL}]}
+
+
+def build_node_placement() -> dict:
+    """nodeSelector + toleration that put a pod on the engine-build pool and only there
+    (the taint keeps every other pod off it)."""
+    return {"nodeSelector": {BUILD_NODE_KEY: "true"},
+            "tolerations": [{"key": BUILD_NODE_KEY, "operator": "Equal", "value": "true",
+                             "effect": "NoSchedule"}]}

@@ -109,7 +109,7 @@ class K3ServingStack(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, depends_on=[ns]))
         image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
-            names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
+            cfg, names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
         hf_secret_name = None
         if cfg.hf_token is not None:
             hf_secret_name = names.hf_token_secret
@@ -136,6 +136,7 @@ class K3ServingStack(pulumi.ComponentResource):
                 namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
+                serving_selector=m.selector_labels(instance),
                 depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))

@@ -22,9 +22,14 @@ OCI = {"clusterId": "ocid1.cluster.oc1.iad.aaaa", "compartmentId": "ocid1.compar
 NEBIUS = {"clusterId": "mk8scluster-e00abc", "subnetId": "vpcsubnet-e00def"}
 
 
+PROXY_IMAGE = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "cd" * 32
+
+
 def stack_config(node_pool: dict, **keys: Any):
     raw = {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": IMAGE,
            "nodePool": node_pool, **keys}
+    # A pinned proxy image, so an update under mocks reaches what the test is about.
+    raw["serving"] = {"proxyImage": PROXY_IMAGE, **keys.get("serving", {})}
     return parse_stack_config(raw)
 
 

@@ -102,6 +102,27 @@ def test_volumes_placement_and_security():
     assert labels["app.kubernetes.io/component"] == "benchmark"
 
 
+def test_the_benchmark_runs_gated_beside_a_serving_pod_without_remote_code():
+    """Issue 21: the benchmark read the tokenizer from an unverified tree, could land on
+    any GPU node and trusted remote code. Now the serving pods' weights gate runs first,
+    the pod sits beside a serving pod, and nothing passes --trust-remote-code."""
+    r = render("existing", PIN, ON)
+    spec = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]
+    sts = manifest(r, "StatefulSet")["spec"]["template"]
+    assert [c["name"] for c in spec["initContainers"]] == \
+        [c["name"] for c in sts["spec"]["initContainers"]]
+    assert spec["initContainers"] == sts["spec"]["initContainers"]
+    (beside,) = spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert beside["topologyKey"] == "kubernetes.io/hostname"
+    assert all(sts["metadata"]["labels"][k] == v
+               for k, v in beside["labelSelector"]["matchLabels"].items())
+    command = " ".join(spec["containers"][0]["command"])
+    assert "trust-remote-code" not in command and "trust_remote_code" not in command
+    runner = (b.__file__.rsplit("/", 1)[0] + "/pod_runner.py")
+    text = open(runner).read()
+    assert "trust_remote_code=False" in text and '"--trust-remote-code"' not in text
+
+
 def test_node_local_weights_are_mounted_from_the_node():
     r = render("existing", PIN, ON, "weights.mode=node-local")
     spec = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]

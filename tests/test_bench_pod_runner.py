@@ -61,7 +61,8 @@ class _Server(http.server.BaseHTTPRequestHandler):
     health = [200]
 
     def do_GET(self):  # noqa: N802
-        if self.path == "/health":
+        if self.path == "/v1/models" and self.health[0] != 200:
+            # The proxy answers 502 while vLLM behind it is down.
             code = self.health.pop(0) if len(self.health) > 1 else self.health[0]
             self.send_response(code)
             self.end_headers()
@@ -218,12 +219,12 @@ def test_wrong_api_key_is_reported(tmp_path, server, fake_vllm, receipt, monkeyp
 
 
 def test_health_is_awaited_until_200(server):
-    _Server.health = [503, 503, 200]
+    _Server.health = [502, 502, 200]
     try:
-        pr.wait_for_health(server, timeout_s=5, interval_s=0.01)
+        pr.wait_for_health(server, timeout_s=5, interval_s=0.01, api_key=API_KEY)
     finally:
         _Server.health = [200]
-    _Server.health = [503]
+    _Server.health = [502]
     try:
         with pytest.raises(pr.BenchmarkError, match="not 200 within"):
             pr.wait_for_health(server, timeout_s=0.05, interval_s=0.01)
@@ -243,3 +244,15 @@ def test_flag_detection_and_the_older_chat_template_flag():
     assert "--custom-skip-chat-template" in cmd and "--ignore-eos" not in cmd
     assert "--num-warmups" not in cmd                         # old clients: no warm-ups
     assert cmd[-2:] == ["--metadata", "a=b"]
+
+
+def test_remote_code_is_never_trusted_even_when_the_client_offers_it():
+    """Issue 21: the benchmark pod runs no Python shipped with the weights."""
+    flags = set(HELP_FLAGS)
+    assert "--trust-remote-code" in flags
+    cmd = pr.bench_command(flags, base_url="http://s:8000", served_model_name="kimi-k3",
+                           model_dir="/weights/x", dataset="/tmp/d.jsonl", output_tokens=256,
+                           num_prompts=3, concurrency=8, seed=0, result_dir="/r",
+                           result_file="r.json", metadata={"a": "b"}, ignore_eos=True,
+                           request_id_prefix="p")
+    assert "--trust-remote-code" not in cmd

@@ -19,6 +19,22 @@ from k3infra.receipt import load_receipt
 
 from conftest import GOOD_REVISION, ROOT
 
+def _recipe_with_locks() -> str:
+    """images/ as shipped, plus stand-in lock files (the real ones are compiled per engine
+    commit by a maintainer; their absence is tested below)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="k3-recipe-"))
+    for name in ec.RECIPE_FILES:
+        if name in ec.LOCK_FILES:
+            (d / name).write_text(f"# stand-in {name}\nexample==1.0 --hash=sha256:{'0' * 64}\n")
+        else:
+            shutil.copy(ROOT / "images" / name, d / name)
+    return str(d)
+
+
+RECIPE_DIR = _recipe_with_locks()
 DIGEST = "sha256:" + "ab" * 32
 WHEEL = "cd" * 32
 FULL = None     # set from the receipt below (the commit's prefix + padding)
@@ -40,26 +56,41 @@ BUILDKIT = f"moby/buildkit:v0.23.2-rootless@sha256:{'34' * 32}"
 REPORTER = f"python:3.12.11-slim-bookworm@sha256:{'56' * 32}"
 
 
+API_SERVER = "10.0.0.10/32"
+BASE_IMAGES = {"cudaDevel": "nvidia/cuda:13.0.2-devel-ubuntu22.04@sha256:" + "71" * 32,
+               "uv": "ghcr.io/astral-sh/uv:0.8.22@sha256:" + "72" * 32,
+               "rust": "rust:1.90.0-slim-bookworm@sha256:" + "73" * 32}
+RESULT_UID = "uid-of-the-created-result"
+
+
 def in_cluster(**engine):
     return config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push",
-                          "buildkitImage": BUILDKIT, "reporterImage": REPORTER, **engine})
+                          "buildkitImage": BUILDKIT, "reporterImage": REPORTER,
+                          "commit": full_commit(), "apiServerCidrs": [API_SERVER],
+                          "baseImages": BASE_IMAGES, **engine})
 
 
 class Recorder(pulumi.runtime.Mocks):
     """Records registrations; plays the build: the result ConfigMap read returns what
     the Job's report container would have written, docker-build returns a digest."""
 
-    def __init__(self, result_data=None, image_digest=DIGEST):
+    def __init__(self, result_data=None, image_digest=DIGEST, immutable=True,
+                 read_uid=RESULT_UID):
         self.resources = []
         self.result_data = result_data
         self.image_digest = image_digest
+        self.immutable = immutable
+        self.read_uid = read_uid
 
     def new_resource(self, args):
         if args.typ != "pulumi:pulumi:Stack":
             self.resources.append(args)
         outputs = dict(args.inputs)
         if args.typ == "kubernetes:core/v1:ConfigMap" and args.resource_id:
-            outputs = {"data": self.result_data}
+            outputs = {"data": self.result_data, "immutable": self.immutable,
+                       "metadata": {"uid": self.read_uid}}
+        elif args.typ == "kubernetes:core/v1:ConfigMap" and args.name.endswith("-result"):
+            outputs["metadata"] = {**outputs.get("metadata", {}), "uid": RESULT_UID}
         if args.typ == "docker-build:index:Image":
             outputs["digest"] = self.image_digest if args.inputs.get("push") else ""
             outputs["contextHash"] = "h" * 8
@@ -143,7 +174,7 @@ def test_upstream_is_labelled_not_measured_and_has_no_engine_commit():
 def test_in_cluster_image_is_the_digest_the_job_reported():
     mocks = Recorder(result_data=result_data())
     comp, (image, digest, commit, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     assert image == f"{REPO}@{DIGEST}"
     assert digest == DIGEST
@@ -152,7 +183,7 @@ def test_in_cluster_image_is_the_digest_the_job_reported():
     jobs = mocks.of_type("kubernetes:batch/v1:Job")
     assert len(jobs) == 1
     job = jobs[0].inputs
-    build = job["spec"]["template"]["spec"]["initContainers"][0]
+    build = job["spec"]["template"]["spec"]["initContainers"][1]
     env = {e["name"]: e.get("value") for e in build["env"]}
     assert env["K3_IMAGE"] == f"{REPO}:vllm-{load_receipt().engine.commit}-cu130"
     # The read of the result ConfigMap is ordered after the Job.
@@ -164,17 +195,35 @@ def test_in_cluster_image_is_the_digest_the_job_reported():
 
 def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
     mocks = Recorder(result_data=result_data())
-    run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+    run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     kinds = Counter(r.typ.split(":")[-1] for r in mocks.resources if r.typ.startswith("kubernetes:"))
     # job files, context, result (created) + the result read
-    assert kinds == {"Namespace": 1, "NetworkPolicy": 1, "ServiceAccount": 1, "Role": 1,
+    assert kinds == {"Namespace": 1, "NetworkPolicy": 2, "ServiceAccount": 1, "Role": 1,
                      "RoleBinding": 1, "ConfigMap": 4, "Job": 1}
     reads = [r for r in mocks.resources if r.resource_id]
     assert [r.resource_id.split("/")[0] for r in reads] == ["k3-build"]
     context = next(r for r in mocks.resources if r.name == "engine-context")
     assert set(context.inputs["data"]) == set(ec.RECIPE_FILES)
     assert context.inputs["data"]["Dockerfile"] == (ROOT / "images" / "Dockerfile").read_text()
+
+
+def test_a_build_without_hash_locked_requirements_is_refused_on_update(monkeypatch):
+    """Issue 21: Python packages only from hash-locked files; images/ ships none until a
+    maintainer compiles them for the engine commit, so `pulumi up` refuses."""
+    from k3infra.gates import GateError
+
+    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    shipped = ROOT / "images"
+    missing = [n for n in ec.LOCK_FILES if not (shipped / n).is_file()]
+    if not missing:
+        pytest.skip("images/ carries compiled locks")
+    mocks = Recorder(result_data=result_data())
+    with pytest.raises(GateError) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(shipped)}),
+            mocks)
+    assert all(f"images/{n}" in str(err.value) for n in missing)
+    assert mocks.resources == []
 
 
 def test_in_cluster_git_context_uploads_no_recipe():
@@ -185,14 +234,17 @@ def test_in_cluster_git_context_uploads_no_recipe():
     assert not [r for r in mocks.resources if r.name == "engine-context"]
     job = mocks.of_type("kubernetes:batch/v1:Job")[0].inputs
     env = {e["name"]: e.get("value")
-           for e in job["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+           for e in job["spec"]["template"]["spec"]["initContainers"][1]["env"]}
     assert env["K3_CONTEXT"] == f"https://git.example.com/k3infra.git#{'1' * 40}:images"
 
 
 @pytest.mark.parametrize("bad, message", [
     ({"digest": ""}, "no image digest"),
     ({"image": f"other.example.com/x@{DIGEST}"}, "is not registry.example.com/k3/vllm@"),
-    ({"engineCommit": "f" * 40}, "starting with the receipt's"),
+    ({"engineCommit": "f" * 40}, "is not the pinned"),
+    # Issue 21: another commit with the receipt's prefix is still not the pinned one.
+    ({"engineCommit": load_receipt().engine.commit + "1" * (40 - len(load_receipt().engine.commit))},
+     "is not the pinned"),
     ({"vllmVersion": "0.33.0"}, "is not the receipt's"),
     ({"wheelSha256": "xyz"}, "no wheel sha256"),
 ])
@@ -200,7 +252,22 @@ def test_in_cluster_refuses_a_result_that_does_not_match_the_plan(bad, message):
     mocks = Recorder(result_data=result_data(**bad))
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
-                                              "recipeDir": str(ROOT / "images")}), mocks)
+                                              "recipeDir": RECIPE_DIR}), mocks)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"immutable": None}, "is not immutable"),
+    ({"immutable": False}, "is not immutable"),
+    ({"read_uid": "uid-of-a-recreated-configmap"}, "deleted and re-created"),
+])
+def test_in_cluster_refuses_a_result_configmap_that_could_have_been_edited(over, message):
+    """Issue 21: the result ConfigMap decides the served digest; it is read only when
+    the Job's one write made it immutable and it is still the object Pulumi created."""
+    mocks = Recorder(result_data=result_data(), **over)
+    with pytest.raises(Exception) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+                                              "recipeDir": RECIPE_DIR}), mocks)
     assert message in str(err.value)
 
 
@@ -208,7 +275,7 @@ def test_in_cluster_offline_render_shows_a_labelled_placeholder(monkeypatch):
     monkeypatch.setenv(OFFLINE_RENDER_ENV, "1")
     mocks = Recorder(result_data=None)
     _, (image, digest, _, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(ROOT / "images")}),
+        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     assert image == f"{REPO}@{ec.PLACEHOLDER_DIGEST}"
     assert wheel is None
@@ -218,19 +285,23 @@ def test_in_cluster_without_a_result_outside_a_render_is_an_error(monkeypatch):
     monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
-                                              "recipeDir": str(ROOT / "images")}),
+                                              "recipeDir": RECIPE_DIR}),
             Recorder(result_data=None))
     assert "no image digest" in str(err.value)
 
 
-def local_cfg():
-    return config(engine={"build": "local", "registry": REPO})
+CACHE_REPO = "registry.example.com/k3/vllm-buildcache"
+
+
+def local_cfg(**engine):
+    return config(engine={"build": "local", "registry": REPO, "commit": full_commit(),
+                          "cacheRegistry": CACHE_REPO, "baseImages": BASE_IMAGES, **engine})
 
 
 def write_record(export_root: Path, plan, sha=WHEEL, commit=None):
     from k3infra.engine.manifests import recipe_hash
 
-    d = export_root / f"wheel-{recipe_hash(plan, ec.recipe_files(ROOT / 'images'))}"
+    d = export_root / f"wheel-{recipe_hash(plan, ec.recipe_files(Path(RECIPE_DIR)))}"
     d.mkdir(parents=True)
     r = load_receipt()
     (d / "engine-wheel.json").write_text(json.dumps({
@@ -245,7 +316,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
     export = write_record(tmp_path, plan)
     mocks = Recorder()
     comp, (image, digest, commit, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+        lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
                                           "exportDir": str(tmp_path)}), mocks)
     images = mocks.of_type("docker-build:index:Image")
     assert [i.inputs["target"] for i in images] == ["wheel-export", "runtime"]
@@ -257,7 +328,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
     assert runtime_pass["tags"] == [plan.tagged_ref]
     assert runtime_pass["buildArgs"] == {**plan.build_args, "WHEEL_SHA256": WHEEL,
                                          "ENGINE_COMMIT_FULL": full_commit()}
-    assert runtime_pass["cacheTo"][0]["registry"]["ref"] == f"{REPO}:buildcache"
+    assert runtime_pass["cacheTo"][0]["registry"]["ref"] == f"{CACHE_REPO}:buildcache"
     assert runtime_pass["cacheTo"][0]["registry"]["mode"] == "max"
     assert image == f"{REPO}@{DIGEST}" and digest == DIGEST
     assert wheel == WHEEL and commit == full_commit()
@@ -266,7 +337,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
 def test_local_without_pass_one_record_is_an_error(tmp_path):
     with pytest.raises(Exception) as err:
         run(lambda: ec.EngineBuild("engine", {"config": local_cfg(),
-                                              "recipeDir": str(ROOT / "images"),
+                                              "recipeDir": RECIPE_DIR,
                                               "exportDir": str(tmp_path)}), Recorder())
     assert "engine-wheel.json is missing" in str(err.value)
 
@@ -294,9 +365,45 @@ def test_local_refuses_a_record_of_another_commit(tmp_path):
     cfg = local_cfg()
     write_record(tmp_path, resolve_engine(load_receipt(), cfg), commit="e" * 40)
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images"),
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
                                               "exportDir": str(tmp_path)}), Recorder())
-    assert "starting with the receipt's" in str(err.value)
+    assert "is not the pinned" in str(err.value)
+
+
+def test_local_without_a_cache_repository_uses_no_registry_cache(tmp_path):
+    """Issue 21: the build cache never shares the serving image's repository."""
+    cfg = local_cfg(cacheRegistry=None)
+    write_record(tmp_path, resolve_engine(load_receipt(), cfg))
+    mocks = Recorder()
+    run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
+                                          "exportDir": str(tmp_path)}), mocks)
+    for image in mocks.of_type("docker-build:index:Image"):
+        assert not image.inputs.get("cacheFrom") and not image.inputs.get("cacheTo")
+
+
+@pytest.mark.parametrize("engine, key", [
+    ({"build": "local", "registry": REPO, "commit": None}, "k3:engine.commit"),
+    ({"build": "local", "registry": REPO, "baseImages": {}}, "k3:engine.baseImages.cudaDevel"),
+    ({"build": "in-cluster", "registry": REPO, "registrySecret": "push",
+      "buildkitImage": BUILDKIT, "reporterImage": REPORTER, "commit": None}, "k3:engine.commit"),
+    ({"build": "in-cluster", "registry": REPO, "registrySecret": "push",
+      "buildkitImage": BUILDKIT, "reporterImage": REPORTER, "apiServerCidrs": []},
+     "k3:engine.apiServerCidrs"),
+])
+def test_a_build_without_its_pins_is_refused_on_update(monkeypatch, engine, key):
+    """Issue 21: no build from the receipt's 8-hex prefix; no build Job that could reach
+    the API server at any cluster address."""
+    from k3infra.gates import GateError
+
+    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    base = {"commit": full_commit(), "apiServerCidrs": [API_SERVER], "baseImages": BASE_IMAGES}
+    cfg = config(engine={**base, **{k: v for k, v in engine.items()}})
+    mocks = Recorder(result_data=result_data())
+    with pytest.raises(GateError) as err:
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR}),
+            mocks)
+    assert key in str(err.value)
+    assert mocks.resources == []
 
 
 def test_bad_engine_config_fails_before_any_registration():
@@ -320,7 +427,7 @@ def test_in_cluster_with_placeholder_image_digests_is_refused_on_update(monkeypa
     cfg = config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push"})
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": str(ROOT / "images")}),
+        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR}),
             mocks)
     assert "k3:engine.buildkitImage" in str(err.value) and "k3:engine.reporterImage" in str(err.value)
     assert mocks.resources == []

@@ -73,7 +73,7 @@ def plan_args():
 
 
 def test_stages_and_their_order():
-    assert list(stages()) == ["uv", "toolchain", "source", "build", "wheel-export",
+    assert list(stages()) == ["uv", "rust", "toolchain", "source", "build", "wheel-export",
                               "runtime-base", "smoke", "runtime"]
 
 
@@ -81,13 +81,41 @@ def test_base_images_are_exact_tags_never_floating():
     g = global_args()
     bases = [expand(c.value[0], g) for c in CMDS
              if c.cmd == "FROM" and c.value[0] not in stages() and c.value[0] != "scratch"]
-    assert bases == ["ghcr.io/astral-sh/uv:0.8.22",
+    assert bases == ["ghcr.io/astral-sh/uv:0.8.22", "rust:1.90.0-slim-bookworm",
                      f"nvidia/cuda:{RECIPE_CUDA_VERSION}-devel-ubuntu22.04",
                      f"nvidia/cuda:{RECIPE_CUDA_VERSION}-devel-ubuntu22.04"]
     for ref in bases:
         tag = ref.rsplit(":", 1)[1]
         assert re.match(r"^\d+\.\d+\.\d+(-[a-z0-9.]+)*$", tag), ref   # major.minor.patch
         assert "latest" not in ref
+
+
+def test_the_plan_passes_every_base_image_by_digest_of_the_dockerfiles_tag():
+    """Issue 21: base images by digest. The Dockerfile names the tags; the plan's build
+    args (k3:engine.baseImages) pin those same tags by digest."""
+    g = global_args()
+    args = plan_args()
+    for arg in ("BUILD_BASE_IMAGE", "RUNTIME_BASE_IMAGE", "UV_IMAGE", "RUST_IMAGE"):
+        tag, _, digest = args[arg].partition("@")
+        assert tag == expand(g[arg], g), arg
+        assert re.match(r"^sha256:[0-9a-f]{64}$", digest), arg
+
+
+def test_no_curl_pipe_shell_no_mixed_index_strategy_and_every_install_hash_locked():
+    code = "\n".join(line for line in TEXT.splitlines() if not line.startswith("#"))
+    assert "curl" not in code and "sh.rustup.rs" not in code and "| sh" not in code
+    assert "unsafe-best-match" not in TEXT and "UV_INDEX_STRATEGY" not in TEXT
+    installs = [r for st in stages() for r in runs(st) if "pip install" in r]
+    for run in installs:
+        for part in run.split("&&"):
+            if "uv pip install" not in part:
+                continue
+            locked = "--require-hashes" in part and ".lock" in part
+            offline = "--offline --no-index" in part
+            wheel = "--no-deps /tmp/dist/vllm-" in part
+            assert locked or offline or wheel, part
+    (req,) = [r for r in runs("build") if "requirements/build.txt" in r]
+    assert "--offline --no-index -r requirements/build.txt" in req
 
 
 def test_cuda_pin_matches_the_plan_and_python_is_exact():
@@ -109,7 +137,7 @@ def test_receipt_values_are_build_args_without_defaults(receipt):
 
 
 def test_every_plan_build_arg_is_declared_and_used():
-    declared = set()
+    declared = set(global_args())
     for stage in stages():
         declared |= set(stage_args(stage))
     for name in plan_args():
@@ -124,11 +152,11 @@ def test_parallelism_defaults_fit_the_stated_build_node():
     assert f"{DOCKERFILE_NODE_CPU}-vCPU / {DOCKERFILE_NODE_MEMORY_GI} GiB" in TEXT
 
 
-def test_source_stage_resolves_and_checks_the_commit():
+def test_source_stage_fetches_the_pinned_commit_and_checks_the_prefix():
     (fetch,) = runs("source")
     assert "k3_engine_build.py fetch" in fetch
     for arg in ("--repo-url \"${ENGINE_REPO}\"", "--pr \"${ENGINE_PR}\"",
-                "--commit \"${ENGINE_COMMIT}\""):
+                "--commit \"${ENGINE_COMMIT}\"", "--expect-prefix \"${ENGINE_COMMIT_PREFIX}\""):
         assert arg in fetch
 
 
@@ -193,10 +221,11 @@ def test_wheel_export_stage_carries_the_wheel_and_its_record():
 
 
 def test_the_configmap_context_holds_every_file_the_dockerfile_copies():
-    sources = {c.value[0] for c in CMDS if c.cmd == "COPY" and not any(
-        f.startswith("--from") for f in c.flags)}
-    assert sources <= set(ec.RECIPE_FILES)
-    assert set(ec.RECIPE_FILES) <= {p.name for p in (ROOT / "images").iterdir()}
+    copied = {v for c in CMDS if c.cmd == "COPY" and not any(
+        f.startswith("--from") for f in c.flags) for v in c.value[:-1]}
+    assert copied <= set(ec.RECIPE_FILES)
+    shipped = set(ec.RECIPE_FILES) - set(ec.LOCK_FILES)     # locks: compiled per commit
+    assert shipped <= {p.name for p in (ROOT / "images").iterdir()}
 
 
 def test_hadolint_passes():

@@ -29,9 +29,15 @@ K8S_VERSIONS = ["1.33.0", kubernetes_validate.utils.latest_version()]
 POD = ROOT / "k3infra" / "engine" / "pod"
 
 
+CACHE_REPO = "registry.example.com/k3/vllm-buildcache"
+API_SERVER = "10.0.0.10/32"
+
+
 def cfg(**engine):
     return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", "engine": {
-        "build": "in-cluster", "registry": REPO, "registrySecret": "push", **engine}})
+        "build": "in-cluster", "registry": REPO, "registrySecret": "push",
+        "cacheRegistry": CACHE_REPO, "cacheRegistrySecret": "cache-push",
+        "apiServerCidrs": [API_SERVER], **engine}})
 
 
 def objects(c=None, receipt=None):
@@ -49,7 +55,9 @@ def objects(c=None, receipt=None):
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("engine", [{}, {"context": "git", "gitUrl": "https://git.example.com/k.git",
                                          "gitRevision": "a" * 40, "sccacheSecret": "sccache",
-                                         "buildNodeSelector": {"pool": "cpu-build"}}])
+                                         "buildNodeSelector": {"pool": "cpu-build"}},
+                                    {"buildIsolation": "runtime-class", "buildRuntimeClass": "gvisor",
+                                     "cacheRegistry": None, "cacheRegistrySecret": None}])
 def test_build_objects_validate_strictly(version, engine):
     _, _, objs = objects(cfg(**engine))
     for obj in objs.values():
@@ -84,8 +92,9 @@ def job_spec(c=None):
 def test_job_runs_rootless_buildkit_then_report_off_gpu_nodes():
     plan, names, job = job_spec()
     spec = job["spec"]["template"]["spec"]
-    (build,) = spec["initContainers"]
+    auth, build = spec["initContainers"]
     (rep,) = spec["containers"]
+    assert auth["image"] == rep["image"] and auth["securityContext"] == rep["securityContext"]
     assert build["image"].startswith("moby/buildkit:v0.23.2-rootless@sha256:")
     assert rep["image"].startswith("python:3.12.11-slim-bookworm@sha256:")
     assert build["command"] == ["/bin/sh", f"{em.JOB_DIR}/build.sh"]
@@ -104,7 +113,7 @@ def test_job_runs_rootless_buildkit_then_report_off_gpu_nodes():
 def test_job_resources_are_the_build_node_the_parallelism_was_sized_for():
     c = cfg(buildCpu=48, buildMemoryGi=192)
     plan, _, job = job_spec(c)
-    (build,) = job["spec"]["template"]["spec"]["initContainers"]
+    _, build = job["spec"]["template"]["spec"]["initContainers"]
     assert build["resources"]["requests"]["cpu"] == "48"
     assert build["resources"]["limits"]["memory"] == "192Gi"
     assert plan.build_args["MAX_JOBS"] == str((192 - 8) // 5)
@@ -117,9 +126,18 @@ def test_registry_credentials_come_from_the_secret_and_only_report_gets_a_token(
     assert vols["registry-auth"]["secret"]["secretName"] == "push"
     assert vols["registry-auth"]["secret"]["items"] == [{"key": ".dockerconfigjson",
                                                          "path": "config.json"}]
+    assert vols["cache-auth"]["secret"]["secretName"] == "cache-push"
     assert spec["automountServiceAccountToken"] is False
-    build, rep = spec["initContainers"][0], spec["containers"][0]
+    auth, build = spec["initContainers"]
+    rep = spec["containers"][0]
     assert "token" not in {m["name"] for m in build["volumeMounts"]}
+    # BuildKit sees one merged Docker config (memory-backed), never the Secrets' volumes.
+    assert {m["name"] for m in build["volumeMounts"]} & {"registry-auth", "cache-auth"} == set()
+    assert {"name": "DOCKER_CONFIG", "value": em.AUTH_DIR} in build["env"]
+    assert auth["command"] == ["python3", f"{em.JOB_DIR}/auth.py", em.AUTH_DIR,
+                               f"{em.REGISTRY_AUTH_DIR}/config.json",
+                               f"{em.CACHE_AUTH_DIR}/config.json"]
+    assert vols["auth"]["emptyDir"]["medium"] == "Memory"
     assert {"name": "token", "mountPath": em.TOKEN_DIR, "readOnly": True} in rep["volumeMounts"]
 
 
@@ -130,6 +148,56 @@ def test_network_policy_selects_the_build_pod_and_allows_no_ingress():
     assert pol["ingress"] == []
     ports = {p["port"] for rule in pol["egress"] for p in rule.get("ports", [])}
     assert {53, 80, 443, 6443, 5000} <= ports
+
+
+def test_build_egress_never_reaches_the_cluster_or_instance_metadata():
+    """Issue 21: the build Job ran untrusted code with egress to 0.0.0.0/0 on 80/443/6443
+    (IMDS and in-cluster services included)."""
+    _, _, objs = objects(cfg(registryCidrs=["10.20.0.5/32"]))
+    dns, internet, api_server, registry = objs["network-policy"]["spec"]["egress"]
+    assert internet["to"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "172.16.0.0/12",
+                                                     "192.168.0.0/16", "100.64.0.0/10",
+                                                     "169.254.0.0/16"]}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10"]}}]
+    assert {p["port"] for p in internet["ports"]} == {80, 443}
+    assert api_server == {"to": [{"ipBlock": {"cidr": API_SERVER}}],
+                          "ports": [{"port": 443, "protocol": "TCP"},
+                                    {"port": 6443, "protocol": "TCP"}]}
+    assert registry["to"] == [{"ipBlock": {"cidr": "10.20.0.5/32"}}]
+    deny = objs["default-deny"]
+    assert deny["metadata"]["namespace"] == "k3-build"
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                            "ingress": [], "egress": []}
+
+
+def test_build_runs_only_on_its_own_tainted_pool_or_in_a_sandbox_runtime():
+    _, _, job = job_spec(cfg(buildNodeSelector={"pool": "cpu-build"}))
+    spec = job["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"k3infra.dev/engine-build": "true", "pool": "cpu-build"}
+    assert spec["tolerations"] == [{"key": "k3infra.dev/engine-build", "operator": "Equal",
+                                    "value": "true", "effect": "NoSchedule"}]
+    assert "runtimeClassName" not in spec
+    _, _, job = job_spec(cfg(buildIsolation="runtime-class", buildRuntimeClass="gvisor"))
+    spec = job["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "gvisor" and "tolerations" not in spec
+
+
+@pytest.mark.parametrize("engine, key", [
+    ({"buildIsolation": "runtime-class"}, "k3:engine.buildRuntimeClass"),
+    ({"buildRuntimeClass": "gvisor"}, "k3:engine.buildRuntimeClass"),
+    ({"cacheRegistry": REPO}, "k3:engine.cacheRegistry"),
+    ({"cacheRegistrySecret": None}, "k3:engine.cacheRegistrySecret"),
+    ({"cacheRegistrySecret": "push"}, "k3:engine.cacheRegistrySecret"),
+    ({"cacheRegistry": None}, "k3:engine.cacheRegistrySecret"),
+])
+def test_isolation_and_cache_keys_that_do_not_fit_are_refused(engine, key):
+    from k3infra.config import ConfigError
+    from k3infra.receipt import load_receipt
+
+    with pytest.raises(ConfigError) as err:
+        resolve_engine(load_receipt(), cfg(**engine))
+    assert err.value.key == key
 
 
 def test_job_carries_the_documented_checkov_skips():
@@ -195,12 +263,12 @@ fi
 
 
 def run_build_sh(tmp_path: Path, context: str = "local", sha: str = "ab" * 32,
-                 args: str | None = None) -> subprocess.CompletedProcess:
-    plan, _, objs = objects()
+                 args: str | None = None, c=None) -> subprocess.CompletedProcess:
+    plan, _, objs = objects(c)
     args_file = tmp_path / "build-args"
     args_file.write_text(objs["job-files"]["data"][em.BUILD_ARGS_KEY] if args is None else args)
     env = {"PATH": os.environ["PATH"], "BUILDCTL": str(fake_buildctl(tmp_path)),
-           "K3_CONTEXT": context, "K3_IMAGE": plan.tagged_ref, "K3_CACHE": plan.cache_ref,
+           "K3_CONTEXT": context, "K3_IMAGE": plan.tagged_ref, "K3_CACHE": plan.cache_ref or "",
            "K3_BUILD_ARGS_FILE": str(args_file), "K3_OUT": str(tmp_path / "out"),
            "K3_CONTEXT_DIR": "/ctx", "FAKE_SHA": sha, "FAKE_COMMIT": "f" * 40}
     return subprocess.run(["sh", str(POD / "build.sh")], env=env, capture_output=True, text=True)
@@ -225,6 +293,14 @@ def test_build_sh_runs_both_passes_with_the_wheel_hash_as_label_args(tmp_path):
     assert f"--output type=image,name={plan.tagged_ref},push=true" in pass2
     assert f"--export-cache type=registry,ref={plan.cache_ref},mode=max,ignore-error=true" in pass2
     assert json.loads((tmp_path / "out" / "metadata.json").read_text())["containerimage.digest"]
+
+
+def test_build_sh_without_a_cache_repository_uses_no_registry_cache(tmp_path):
+    r = run_build_sh(tmp_path, c=cfg(cacheRegistry=None, cacheRegistrySecret=None))
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text()
+    assert "--import-cache" not in calls and "--export-cache" not in calls
+    assert CACHE_REPO not in calls and f"{REPO}:buildcache" not in calls
 
 
 def test_build_sh_git_context(tmp_path):
@@ -265,8 +341,13 @@ class FakeApi(http.server.BaseHTTPRequestHandler):
                           self.headers["Content-Type"]))
         if self.path not in self.store:
             return self._send(404, {"reason": "NotFound"})
-        self.store[self.path].setdefault("data", {}).update(body["data"])
-        self._send(200, self.store[self.path])
+        obj = self.store[self.path]
+        if obj.get("immutable"):       # what the API server does to an immutable ConfigMap
+            return self._send(422, {"reason": "Invalid", "message": "field is immutable"})
+        obj.setdefault("data", {}).update(body["data"])
+        if "immutable" in body:
+            obj["immutable"] = body["immutable"]
+        self._send(200, obj)
 
     def do_GET(self):  # noqa: N802
         self.seen.append(("GET", self.path, self.headers["Authorization"], None))
@@ -304,6 +385,36 @@ def test_report_writes_the_result_and_reads_it_back(api, tmp_path):
     assert stored == data
     assert FakeApi.seen[0] == ("PATCH", "/api/v1/namespaces/k3/configmaps/result",
                                "Bearer tok", "application/merge-patch+json")
+
+
+def test_report_writes_the_result_once_and_makes_it_immutable(api, tmp_path):
+    """Issue 21: the result ConfigMap decides the served digest; after the Job's write
+    nobody, the Job included, can change its data."""
+    report.report(out_dir(tmp_path), api, "k3", "result", REPO, "tok", None)
+    assert FakeApi.store["/api/v1/namespaces/k3/configmaps/result"]["immutable"] is True
+    again = tmp_path / "again"
+    again.mkdir()
+    with pytest.raises(report.ReportError, match="HTTP 422"):
+        report.report(out_dir(again, digest="sha256:" + "66" * 32), api, "k3",
+                      "result", REPO, "tok", None)
+
+
+def test_auth_merges_the_push_and_cache_credentials_and_refuses_a_shared_host(tmp_path):
+    from k3infra.engine.pod import auth
+
+    push = tmp_path / "push.json"
+    cache = tmp_path / "cache.json"
+    push.write_text(json.dumps({"auths": {"registry.example.com": {"auth": "cHVzaA=="}}}))
+    cache.write_text(json.dumps({"auths": {"cache.example.com": {"auth": "Y2FjaGU="}}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert auth.main([str(out), str(push), str(cache)]) == 0
+    merged = json.loads((out / "config.json").read_text())
+    assert set(merged["auths"]) == {"registry.example.com", "cache.example.com"}
+    cache.write_text(json.dumps({"auths": {"registry.example.com": {"auth": "Y2FjaGU="}}}))
+    (out / "config.json").unlink()
+    assert auth.main([str(out), str(push), str(cache)]) == 1
+    assert not (out / "config.json").exists()
 
 
 def test_report_main_exit_codes(api, tmp_path, monkeypatch):

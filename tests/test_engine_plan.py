@@ -93,7 +93,9 @@ def test_in_cluster_plan(receipt):
     p = resolve_engine(receipt, in_cluster())
     assert p.mode == "in-cluster" and p.builds and p.image is None
     assert p.tagged_ref == f"{REPO}:{default_tag(receipt)}"
-    assert p.cache_ref == f"{REPO}:buildcache"
+    assert p.cache_ref is None            # no registry cache unless its own repository
+    assert resolve_engine(receipt, in_cluster(
+        cacheRegistry=f"{REPO}-cache", cacheRegistrySecret="cache")).cache_ref == f"{REPO}-cache:buildcache"
     assert receipt.engine.commit in p.tag
 
 
@@ -171,8 +173,49 @@ def test_engine_gates_flag_placeholder_build_images_only_for_in_cluster():
     from k3infra.engine.plan import engine_gates
 
     keys = [g.key for g in engine_gates(in_cluster())]
-    assert keys == ["k3:engine.buildkitImage", "k3:engine.reporterImage"]
+    assert keys == ["k3:engine.commit", "k3:engine.baseImages.cudaDevel",
+                    "k3:engine.baseImages.uv", "k3:engine.baseImages.rust",
+                    "k3:engine.apiServerCidrs", "k3:engine.buildkitImage",
+                    "k3:engine.reporterImage"]
+    full = receipt_commit() + "0" * (40 - len(receipt_commit()))
     pinned = in_cluster(buildkitImage=f"moby/buildkit:v0.23.2-rootless@sha256:{'3' * 64}",
-                        reporterImage=f"python:3.12.11-slim-bookworm@sha256:{'4' * 64}")
+                        reporterImage=f"python:3.12.11-slim-bookworm@sha256:{'4' * 64}",
+                        commit=full, apiServerCidrs=["10.0.0.10/32"],
+                        baseImages={"cudaDevel": f"nvidia/cuda:13.0.2-devel-ubuntu22.04@sha256:{'5' * 64}",
+                                    "uv": f"ghcr.io/astral-sh/uv:0.8.22@sha256:{'6' * 64}",
+                                    "rust": f"rust:1.90.0-slim-bookworm@sha256:{'7' * 64}"})
     assert engine_gates(pinned) == []
     assert engine_gates(cfg(engineImage=IMAGE)) == []
+
+
+def receipt_commit() -> str:
+    from k3infra.receipt import load_receipt
+
+    return load_receipt().engine.commit
+
+
+@pytest.mark.parametrize("commit, ok", [
+    (None, True),
+    ("f68f4fdd" + "0" * 32, True),
+    ("f68f4fde" + "0" * 32, False),      # another commit: not the measured engine
+    ("0" * 40, False),
+])
+def test_the_pinned_commit_must_start_with_the_receipts(receipt, commit, ok):
+    """Issue 21: the full commit is recorded once and must carry the receipt's prefix."""
+    assert receipt.engine.commit == "f68f4fdd"
+    if ok:
+        p = resolve_engine(receipt, in_cluster(commit=commit))
+        assert p.engine_commit == (commit or receipt.engine.commit)
+        assert p.build_args["ENGINE_COMMIT"] == (commit or receipt.engine.commit)
+        assert p.build_args["ENGINE_COMMIT_PREFIX"] == receipt.engine.commit
+    else:
+        with pytest.raises(ConfigError) as err:
+            resolve_engine(receipt, in_cluster(commit=commit))
+        assert err.value.key == "k3:engine.commit"
+
+
+@pytest.mark.parametrize("commit", ["f68f4fdd", "F68F4FDD" + "0" * 32, "main"])
+def test_the_pinned_commit_is_a_full_sha(commit):
+    with pytest.raises(ConfigError) as err:
+        in_cluster(commit=commit)
+    assert err.value.key == "k3:engine.commit"

@@ -56,44 +56,87 @@ def upstream(tmp_path_factory) -> dict:
     return {"url": f"file://{bare}", "pr_head": pr_head, "side": side}
 
 
-def test_fetch_resolves_the_short_sha_from_the_pull_request(upstream, tmp_path):
-    short = upstream["pr_head"][:8]
-    r = step("fetch", "--repo-url", upstream["url"], "--pr", "7", "--commit", short,
-             "--dest", str(tmp_path / "src"), "--record", str(tmp_path / "commit"))
+def fetch(upstream: dict, commit: str, dest: Path, prefix: str | None = None,
+          *extra: str) -> subprocess.CompletedProcess:
+    return step("fetch", "--repo-url", upstream["url"], "--pr", "7", "--commit", commit,
+                "--expect-prefix", prefix if prefix is not None else commit[:8],
+                "--dest", str(dest), *extra)
+
+
+def test_fetch_checks_out_the_pinned_full_commit(upstream, tmp_path):
+    full = upstream["pr_head"]
+    r = fetch(upstream, full, tmp_path / "src", None, "--record", str(tmp_path / "commit"))
     assert r.returncode == 0, r.stderr
-    assert git(tmp_path / "src", "rev-parse", "HEAD") == upstream["pr_head"]
-    assert (tmp_path / "commit").read_text().strip() == upstream["pr_head"]
+    assert git(tmp_path / "src", "rev-parse", "HEAD") == full
+    assert (tmp_path / "commit").read_text().strip() == full
     # full history and tags: the version number can be derived
     assert git(tmp_path / "src", "describe", "--tags", "--long").startswith("v0.1.0-2-g")
 
 
-def test_fetch_falls_back_to_branches_for_a_commit_outside_the_pr(upstream, tmp_path):
-    r = step("fetch", "--repo-url", upstream["url"], "--pr", "7",
-             "--commit", upstream["side"][:10], "--dest", str(tmp_path / "src"))
+def test_fetch_gets_a_pinned_commit_that_left_the_pull_request(upstream, tmp_path):
+    r = fetch(upstream, upstream["side"], tmp_path / "src")
     assert r.returncode == 0, r.stderr
     assert git(tmp_path / "src", "rev-parse", "HEAD") == upstream["side"]
 
 
-def test_fetch_refuses_a_prefix_no_commit_has(upstream, tmp_path):
+@pytest.mark.parametrize("commit", ["f68f4fdd", "f68f4fdde", "abcdef1"])
+def test_fetch_never_resolves_a_prefix(upstream, commit, tmp_path):
+    """Issue 21: a build picked its source by an 8-hex prefix in a ref its author moves."""
+    r = fetch(upstream, commit, tmp_path / "src", commit)
+    assert r.returncode == 2 and "full 40-hex commit" in r.stderr
+    assert not (tmp_path / "src").exists()
+
+
+def test_fetch_refuses_a_full_commit_that_is_not_the_receipts(upstream, tmp_path):
+    """A commit whose SHA does not start with the receipt's prefix is another engine,
+    even when it is the pull request's head now."""
+    r = fetch(upstream, upstream["pr_head"], tmp_path / "src", upstream["side"][:8])
+    assert r.returncode == 1 and "does not start with the receipt's" in r.stderr
+
+
+def test_fetch_refuses_a_commit_the_remote_does_not_have(upstream, tmp_path):
+    absent = "0" * 40
+    r = fetch(upstream, absent, tmp_path / "src", "00000000")
+    assert r.returncode == 1 and f"commit {absent} is not in pull request 7" in r.stderr
+
+
+def test_resolve_turns_the_prefix_into_the_full_commit_once(upstream, tmp_path):
+    short = upstream["pr_head"][:8]
+    r = step("resolve", "--repo-url", upstream["url"], "--pr", "7", "--commit", short,
+             "--dest", str(tmp_path / "resolve"))
+    assert r.returncode == 0, r.stderr
+    full, about = r.stdout.split("\t", 1)
+    assert full == upstream["pr_head"] and "found in pull request 7" in about and "t <t@" in about
+
+
+def test_resolve_falls_back_to_branches_and_says_so(upstream, tmp_path):
+    r = step("resolve", "--repo-url", upstream["url"], "--pr", "7",
+             "--commit", upstream["side"][:10], "--dest", str(tmp_path / "resolve"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(upstream["side"]) and "found in a branch" in r.stdout
+
+
+def test_resolve_refuses_a_prefix_no_commit_has(upstream, tmp_path):
     absent = "0123456" if not upstream["pr_head"].startswith("0123456") else "7654321"
-    r = step("fetch", "--repo-url", upstream["url"], "--pr", "7", "--commit", absent,
-             "--dest", str(tmp_path / "src"))
+    r = step("resolve", "--repo-url", upstream["url"], "--pr", "7", "--commit", absent,
+             "--dest", str(tmp_path / "resolve"))
     assert r.returncode == 1
     assert f"no commit starting with {absent}" in r.stderr
 
 
 @pytest.mark.parametrize("commit", ["", "f68f4f", "F68F4FDD", "f68f4fdz", "main"])
-def test_fetch_refuses_a_missing_short_or_non_hex_commit(commit, tmp_path):
-    r = step("fetch", "--repo-url", "file:///nonexistent", "--pr", "7", "--commit", commit,
+def test_resolve_refuses_a_missing_short_or_non_hex_commit(commit, tmp_path):
+    r = step("resolve", "--repo-url", "file:///nonexistent", "--pr", "7", "--commit", commit,
              "--dest", str(tmp_path / "src"))
     assert r.returncode == 2
-    assert "ENGINE_COMMIT" in r.stderr
 
 
 def test_fetch_refuses_missing_repo_or_pr(tmp_path):
-    assert step("fetch", "--pr", "7", "--commit", "abcdef12", "--dest", str(tmp_path)).returncode == 2
-    assert step("fetch", "--repo-url", "file:///x", "--commit", "abcdef12",
+    full = "abcdef12" * 5
+    assert step("fetch", "--pr", "7", "--commit", full, "--expect-prefix", "abcdef12",
                 "--dest", str(tmp_path)).returncode == 2
+    assert step("fetch", "--repo-url", "file:///x", "--commit", full, "--expect-prefix",
+                "abcdef12", "--dest", str(tmp_path)).returncode == 2
 
 
 @pytest.mark.parametrize("cuda, arch_list, ok", [

@@ -9,6 +9,8 @@ import asyncio
 import logging
 
 import pulumi
+import json
+
 import pytest
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
@@ -22,6 +24,8 @@ from conftest import GOOD_REVISION, render
 IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "ab" * 32
 PIN = f"weightsRevision={GOOD_REVISION}"
 REAL_IMAGE = f"engineImage={IMAGE}"
+PROXY = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "cd" * 32
+REAL_PROXY = f"serving.proxyImage={PROXY}"
 
 
 def thresholds(receipt) -> list[str]:
@@ -79,7 +83,8 @@ def _run_stack(raw: dict, *, preview: bool) -> tuple[list[str], dict]:
 
 def _raw(**overrides) -> dict:
     raw = {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "sk-test",
-           "k3:engineImage": IMAGE, "k3:acceptModelLicense": "false"}
+           "k3:engineImage": IMAGE, "k3:acceptModelLicense": "false",
+           "k3:serving": json.dumps({"proxyImage": PROXY})}
     raw.update({f"k3:{k}": v for k, v in overrides.items()})
     return raw
 
@@ -148,7 +153,7 @@ def test_render_of_the_shipped_stack_warns_with_the_thresholds(receipt):
 
 
 def test_render_with_acknowledgement_has_no_licence_warning(receipt):
-    r = render("existing", PIN, 'engine={"build": "prebuilt"}', REAL_IMAGE,
+    r = render("existing", PIN, 'engine={"build": "prebuilt"}', REAL_IMAGE, REAL_PROXY,
                "acceptModelLicense=true")
     assert not [w for w in r.warnings if "k3:acceptModelLicense" in w]
     assert not [w for w in r.warnings if "placeholder" in w]
@@ -162,3 +167,12 @@ def test_shipped_stacks_do_not_accept_the_licence():
     for stack in STACKS:
         raw, _ = read_stack_file(stack_file(stack, ROOT))
         assert raw.get("k3:acceptModelLicense", False) in (False, "false"), stack
+
+
+def test_the_proxy_image_placeholder_refuses_an_update(update_mode):
+    """The serving proxy's shipped digest is a placeholder, refused like the others."""
+    raw = _raw(acceptModelLicense="true")
+    del raw["k3:serving"]
+    with pytest.raises(gates.GateError) as err:
+        _run_stack(raw, preview=False)
+    assert "k3:serving.proxyImage" in str(err.value)

@@ -186,6 +186,14 @@ def test_aws_launch_template_capacity_block_efa_and_local_nvme():
     assert one(reg, "aws:eks/nodeGroup:NodeGroup")["capacityType"] == "CAPACITY_BLOCK"
 
 
+def test_aws_nodes_answer_instance_metadata_to_the_node_only():
+    """Issue 21: IMDSv2 with a hop limit of 1, so no pod reaches the node role."""
+    lt = one(register_pool(stack_config({"provider": "aws", "aws": AWS})),
+             "aws:ec2/launchTemplate:LaunchTemplate")
+    assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                     "httpPutResponseHopLimit": 1}
+
+
 def test_aws_without_efa_uses_plain_security_groups():
     reg = register_pool(stack_config({"provider": "aws", "aws": {**AWS, "efaInterfaces": 0}}))
     lt = one(reg, "aws:ec2/launchTemplate:LaunchTemplate")
@@ -209,6 +217,7 @@ def test_aws_karpenter_mode_registers_nodepool_and_ec2nodeclass():
     assert node_class["spec"]["capacityReservationSelectorTerms"] == [
         {"id": "cr-0123456789abcdef0"}]
     assert node_class["spec"]["amiSelectorTerms"] == [{"alias": "al2023@latest"}]
+    assert node_class["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
     pool = one(reg, "kubernetes:karpenter.sh/v1:NodePool")["spec"]
     assert pool["template"]["metadata"]["labels"] == placement.node_labels()
     assert pool["template"]["spec"]["taints"] == placement.node_taints()

@@ -79,8 +79,8 @@ def test_operations_component_parents_its_objects():
     assert comp["parent"] == stack["urn"]
     children = [x for x in r.resources if x["parent"] == comp["urn"]]
     assert sorted(c["inputs"]["kind"] for c in children) == sorted(
-        ["ConfigMap", "NetworkPolicy", "NetworkPolicy", "PrometheusRule", "Service",
-         "ServiceMonitor"])
+        ["ConfigMap", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PrometheusRule",
+         "Service", "ServiceMonitor"])
     ns = next(x for x in r.resources if x["name"] == "k3-namespace")
     assert ns["urn"] in comp["dependsOn"]
 
@@ -102,9 +102,11 @@ def test_servicemonitor_selects_the_metrics_service_only_and_it_selects_the_pods
     assert sm["namespaceSelector"] == {"matchNames": ["k3"]}
     (endpoint,) = sm["endpoints"]
     assert endpoint["path"] == "/metrics" and endpoint["port"] == svc["ports"][0]["name"]
-    container_ports = {p["name"] for p in manifest(r, "StatefulSet")["spec"]["template"]
-                       ["spec"]["containers"][0]["ports"]}
-    assert svc["ports"][0]["targetPort"] in container_ports
+    # The proxy's metrics port: the only one the scraper may reach (issue 21).
+    proxy = next(c for c in manifest(r, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "proxy")
+    metrics = next(p for p in proxy["ports"] if p["name"] == svc["ports"][0]["targetPort"])
+    assert metrics["containerPort"] == svc["ports"][0]["port"] == 9090
 
 
 def test_servicemonitor_and_rule_carry_the_configured_selector_labels():

@@ -53,18 +53,27 @@ def test_prefetch_policy_selects_the_job_pods_and_only_them():
     assert not matches(policy, manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"])
 
 
-def test_only_the_api_port_is_opened_and_it_is_the_containers_port():
-    r = render("existing", PIN, 'serving={"port": 8080}')
+def test_only_the_proxys_api_and_metrics_ports_are_opened():
+    r = render("existing", PIN, 'serving={"port": 8080}', 'network={"allowFromNamespaces": ["gw"]}')
     ingress = manifest(r, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"]
-    vllm = manifest(r, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
-    assert [rule["ports"] for rule in ingress] == [[{"port": 8080, "protocol": "TCP"}]]
-    assert vllm["ports"][0]["containerPort"] == 8080
+    pod = manifest(r, "StatefulSet")["spec"]["template"]["spec"]
+    assert [rule["ports"] for rule in ingress] == [[{"port": 8080, "protocol": "TCP"}],
+                                                   [{"port": 9090, "protocol": "TCP"}]]
+    proxy = next(c for c in pod["containers"] if c["name"] == "proxy")
+    assert {p["name"]: p["containerPort"] for p in proxy["ports"]} == {
+        "http": 8080, "metrics": 9090, "health": 8081}
+    # vLLM listens on loopback: no container port, no rule for it or the health port
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert "ports" not in vllm
 
 
-def test_default_sources_are_the_scraper_namespace_only():
-    peers = n.serving_policy(cfg(), NAMES, "k3")["spec"]["ingress"][0]["from"]
-    assert peers == [{"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "monitoring"}}}]
+def test_by_default_only_the_scraper_gets_in_and_only_to_the_metrics_port():
+    """Issue 21: the monitoring namespace was admitted to the API port (where /metrics
+    also lived); now it reaches the proxy's metrics port and nothing else."""
+    (rule,) = n.serving_policy(cfg(), NAMES, "k3")["spec"]["ingress"]
+    assert rule == {"from": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"port": 9090, "protocol": "TCP"}]}
 
 
 def test_configured_namespaces_and_labels_are_the_only_other_sources():
@@ -72,15 +81,18 @@ def test_configured_namespaces_and_labels_are_the_only_other_sources():
                      "allowFromPodLabels": {"k3.example.com/client": "true"},
                      "scraperNamespace": "observability",
                      "scraperPodLabels": {"app.kubernetes.io/name": "prometheus"}})
-    peers = n.serving_policy(c, NAMES, "k3")["spec"]["ingress"][0]["from"]
-    assert peers == [
+    api, metrics = n.serving_policy(c, NAMES, "k3")["spec"]["ingress"]
+    assert api["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}},
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}},
         {"podSelector": {"matchLabels": {"k3.example.com/client": "true"}}},
-        # one peer with both selectors: pods with these labels IN that namespace
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
-         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
     ]
+    assert api["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    # one peer with both selectors: pods with these labels IN that namespace
+    assert metrics == {"from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        "ports": [{"port": 9090, "protocol": "TCP"}]}
 
 
 def test_no_source_means_no_ingress_rule_at_all():
@@ -124,7 +136,27 @@ def test_prefetch_job_gets_no_ingress_and_reaches_dns_and_the_hub_on_https():
     dns, hub = spec["egress"]
     assert dns == n.dns_egress(cfg())
     assert hub["ports"] == [{"port": 443, "protocol": "TCP"}]
-    assert hub["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    # Issue 21: "the Hub" is never a pod, a Service, a node or the metadata service.
+    assert hub["to"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "172.16.0.0/12",
+                                                     "192.168.0.0/16", "100.64.0.0/10",
+                                                     "169.254.0.0/16"]}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10"]}}]
+
+
+def test_cluster_cidrs_are_configurable_and_link_local_always_cut():
+    c = cfg(network={"clusterCidrs": ["203.0.113.0/24"]})
+    _, hub = n.prefetch_policy(c, NAMES, "k3")["spec"]["egress"]
+    assert hub["to"][0]["ipBlock"]["except"] == ["203.0.113.0/24", "169.254.0.0/16"]
+    assert hub["to"][1]["ipBlock"]["except"] == ["fe80::/10"]
+
+
+def test_every_namespace_the_stack_creates_starts_from_default_deny():
+    r = render("existing", PIN)
+    deny = manifest(r, "NetworkPolicy", "kimi-k3-default-deny")
+    assert deny["metadata"]["namespace"] == "k3"
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                            "ingress": [], "egress": []}
 
 
 def test_hub_and_dns_destinations_are_configurable():
@@ -154,7 +186,7 @@ def test_bad_network_settings_are_refused_naming_the_key(network, key):
 
 def test_benchmark_pods_get_policies_only_when_the_benchmark_is_enabled():
     assert [p["metadata"]["name"] for p in n.network_policies(cfg(), NAMES, "k3")] == \
-        ["kimi-k3-serving", "kimi-k3-weights-prefetch"]
+        ["kimi-k3-default-deny", "kimi-k3-serving", "kimi-k3-weights-prefetch"]
     r = render("existing", PIN, 'benchmark={"enabled": true}')
     job = next(x for x in r.manifests() if x["kind"] == "Job"
                and x["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]

@@ -63,7 +63,9 @@ def test_secrets_never_written(tmp_path):
         text = path.read_text()
         assert API_KEY not in text and HF_TOKEN not in text, path
     secrets = {m["metadata"]["name"]: m for m in r.manifests() if m["kind"] == "Secret"}
-    assert secrets["kimi-k3-api-key"]["stringData"] == {"api-key": "[secret]"}
+    # the key, and the proxy's config and key map (the map holds the key)
+    assert secrets["kimi-k3-api-key"]["stringData"] == {
+        "api-key": "[secret]", "nginx.conf": "[secret]", "keys.map": "[secret]"}
     assert secrets["kimi-k3-hf-token"]["stringData"] == {"token": "[secret]"}
 
 
@@ -145,6 +147,8 @@ def test_component_importable_from_another_program():
         stack = K3ServingStack("kimi", K3ServingStackArgs(
             weightsRevision=GOOD_REVISION, apiKey=pulumi.Output.secret("sk-x"),
             engineImage="registry.example.com/vllm@sha256:" + "2" * 64,
+            serving={"proxyImage": "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:"
+                     + "3" * 64},
             acceptModelLicense=True, namespace="inference"))
 
         def check(values):

@@ -19,8 +19,9 @@ def test_args_are_model_dir_then_receipt_engine_args_then_surface(receipt):
     n = len(receipt.serve.engine_arg_tokens())
     assert c["args"][0] == f"/weights/moonshotai--Kimi-K3/{GOOD_REVISION}"
     assert c["args"][1:1 + n] == receipt.serve.engine_arg_tokens()
-    assert c["args"][1 + n:] == ["--served-model-name", "kimi-k3", "--host", "0.0.0.0",
-                                 "--port", "8000"]
+    # vLLM on loopback only: the proxy is the pod's one listener (issue 21).
+    assert c["args"][1 + n:] == ["--served-model-name", "kimi-k3", "--host", "127.0.0.1",
+                                 "--port", "8001"]
     surface = {a.flag for a in receipt.serve.surface.args}
     assert {t for t in c["args"][1 + n:] if t.startswith("--")} <= surface
 
@@ -70,12 +71,15 @@ def test_gpus_resources_shm_and_probes(receipt):
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"] == "64Gi"
     probe = c["startupProbe"]
-    assert probe["httpGet"]["path"] == "/health"
+    # vLLM's own /health on loopback, from inside its container (no proxy in the way)
+    health = "http://127.0.0.1:8001/health"
+    assert health in probe["exec"]["command"][-1]
     # the budget covers the weights at the configured read speed plus compile time
     load_s = receipt.model.size_bytes / 2e9
     assert probe["periodSeconds"] * probe["failureThreshold"] >= load_s * 1.5 + 1800
-    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert health in c["readinessProbe"]["exec"]["command"][-1]
+    assert health in c["livenessProbe"]["exec"]["command"][-1]
+    assert "ports" not in c
     assert c["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
     assert pod["terminationGracePeriodSeconds"] >= receipt.measurement(8).p99_ms / 1000
 
@@ -123,7 +127,8 @@ def test_labels_annotations_services_pdb(receipt):
     assert sts["metadata"]["labels"]["app.kubernetes.io/name"] == "kimi-k3"
     assert manifest(r, "Service", "kimi-k3-headless")["spec"]["clusterIP"] == "None"
     svc = manifest(r, "Service", "kimi-k3")["spec"]
-    assert svc["ports"][0]["port"] == 8000 and svc["type"] == "ClusterIP"
+    assert svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["type"] == "ClusterIP"
     assert manifest(r, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert sts["spec"]["serviceName"] == "kimi-k3-headless"
 
@@ -233,3 +238,75 @@ def test_pods_run_as_the_engine_images_user():
     assert re.search(rf"^USER {ENGINE_UID}:{ENGINE_GID}$", dockerfile, re.M)
     sc = container(render("existing", PIN))["securityContext"]
     assert (sc["runAsUser"], sc["runAsGroup"]) == (ENGINE_UID, ENGINE_GID)
+
+
+def test_the_proxy_is_the_pods_only_listener():
+    """Issue 21, item 2: nginx in the pod on the API, metrics and health ports; its
+    config and key map come from the API-key Secret; a config change rolls the pods."""
+    from k3infra.serving import proxy
+
+    r = render("existing", PIN)
+    sts = manifest(r, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    p = container(r, "proxy")
+    assert p["image"] == ("nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "0" * 64)
+    assert p["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
+                          {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+                          {"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    assert p["command"] == ["nginx", "-e", "stderr", "-c", "/etc/k3-proxy/nginx.conf",
+                            "-g", "daemon off;"]
+    assert p["readinessProbe"]["httpGet"] == {"path": "/health", "port": "health"}
+    assert p["livenessProbe"]["httpGet"] == {"path": "/proxy-live", "port": "health"}
+    sc = p["securityContext"]
+    assert sc["runAsUser"] == 10101 and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["proxy"]["secret"]["secretName"] == "kimi-k3-api-key"
+    assert vols["proxy"]["secret"]["items"] == [{"key": "nginx.conf", "path": "nginx.conf"},
+                                               {"key": "keys.map", "path": "keys.map"}]
+    ann = sts["spec"]["template"]["metadata"]["annotations"]
+    assert ann["k3infra.dev/proxy-config"].startswith("sha256:")
+    secret = manifest(r, "Secret", "kimi-k3-api-key")
+    assert set(secret["stringData"]) == {"api-key", "nginx.conf", "keys.map"}
+    # the whole Secret is a Pulumi secret: a render shows none of it
+    assert set(secret["stringData"].values()) == {"[secret]"}
+    conf = proxy.nginx_conf(r.config if hasattr(r, "config") else parse_stack_config(
+        {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": "r/v@sha256:" + "1" * 64}))
+    assert "listen 8000;" in conf and "server 127.0.0.1:8001;" in conf
+    assert "listen 9090;" in conf and "listen 8081;" in conf
+    assert proxy.keys_map("[secret]") == "# [secret]\n"     # an offline render holds no key
+    other = render("existing", PIN, "serving.metricsPort=9400")
+    assert (manifest(other, "StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+            ["k3infra.dev/proxy-config"] != ann["k3infra.dev/proxy-config"])
+    assert proxy.keys_map("k.e+y") == '"~^Bearer k\\.e\\+y$" 1;\n'
+
+
+@pytest.mark.parametrize("flag", ["--host", "--port"])
+def test_surface_cannot_move_vllm_off_loopback(flag):
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k",
+                            "engineImage": "r/v@sha256:" + "1" * 64,
+                            "surface": {"args": {flag: "0.0.0.0"}}})
+    assert err.value.key == f"k3:surface.args.{flag}" and "proxy" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["has space", 'quo"te', "semi;colon", "dollar$", "new\nline"])
+def test_an_api_key_the_proxy_cannot_match_exactly_is_refused(key):
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": key,
+                            "engineImage": "r/v@sha256:" + "1" * 64})
+    assert err.value.key == "k3:apiKey" and key not in str(err.value)
+
+
+def test_proxy_ports_must_differ():
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k",
+                            "engineImage": "r/v@sha256:" + "1" * 64,
+                            "serving": {"metricsPort": 8000}})
+    assert err.value.key == "k3:serving"

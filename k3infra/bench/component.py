@@ -33,6 +33,7 @@ class Benchmark(pulumi.ComponentResource):
     def __init__(self, name: str, receipt: Receipt, cfg: StackConfig, image: Any,
                  weights: WeightsParts, *, base: str, namespace: str, labels: dict,
                  base_url: str, api_key_secret: str, api_key_secret_key: str,
+                 serving_selector: dict,
                  depends_on: Sequence[pulumi.Resource] = (),
                  opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("k3infra:index:Benchmark", name, None, opts)
@@ -49,7 +50,8 @@ class Benchmark(pulumi.ComponentResource):
             f"{name}-job",
             b.benchmark_job(receipt, cfg, names=names, namespace=namespace, labels=labels,
                             image=image, base_url=base_url, api_key_secret=api_key_secret,
-                            api_key_secret_key=api_key_secret_key, weights=weights),
+                            api_key_secret_key=api_key_secret_key, weights=weights,
+                            serving_selector=serving_selector),
             pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 depends_on=[*depends_on, runtime, claim],
                 # A fixed name cannot be created before the old Job is gone.

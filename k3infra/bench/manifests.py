@@ -110,19 +110,23 @@ def job_timeout_seconds(cfg: StackConfig) -> int:
 
 
 
-def _gpu_node_placement(cfg: StackConfig) -> dict:
+def _gpu_node_placement(cfg: StackConfig, serving_selector: dict) -> dict:
+    """On a serving node, beside a serving pod: its weights passed that pod's gate."""
     return {"affinity": {"nodeAffinity": placement.node_affinity(
-                [cfg.gpu_product], cfg.node_pool.provider != "existing")},
+                [cfg.gpu_product], cfg.node_pool.provider != "existing"),
+                         "podAffinity": placement.beside(serving_selector)},
             "tolerations": placement.tolerations()}
 
 
 def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
                   namespace: str, labels: dict, image: Any, base_url: str,
-                  api_key_secret: str, api_key_secret_key: str, weights: WeightsParts) -> dict:
-    """The Job: `vllm bench serve` over Workload A for every configured concurrency."""
+                  api_key_secret: str, api_key_secret_key: str, weights: WeightsParts,
+                  serving_selector: dict) -> dict:
+    """The Job: `vllm bench serve` over Workload A for every configured concurrency.
+    The serving pods' weights gate runs first (the tokenizer is read from the same
+    tree), the weights are mounted read-only, and no remote code is trusted."""
     weight_mounts = [dict(m, readOnly=True) for m in weights.main_mounts]
-    mounted = {m["name"] for m in weight_mounts}
-    weight_volumes = [v for v in weights.volumes if v["name"] in mounted]
+    weight_volumes = list(weights.volumes)
     env = [{"name": "OPENAI_API_KEY",     # vllm bench serve sends it as a Bearer token
             "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
            {"name": "K3_ENGINE_IMAGE", "value": image},
@@ -146,7 +150,8 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
-        **_gpu_node_placement(cfg),
+        **_gpu_node_placement(cfg, serving_selector),
+        "initContainers": list(weights.init_containers),
         "containers": [container],
         "volumes": [*weight_volumes,
                     {"name": "bench-runtime", "configMap": {

@@ -53,8 +53,10 @@ REQUIRED_FLAGS = (
     "--ready-check-timeout-sec",
 )
 SKIP_TEMPLATE_FLAGS = ("--skip-chat-template", "--custom-skip-chat-template")
+# No --trust-remote-code: the benchmark runs no Python shipped with the weights
+# (docs/security.md); a tokenizer that needs it fails loudly instead.
 OPTIONAL_FLAGS = ("--num-warmups", "--disable-shuffle", "--no-oversample",
-                  "--trust-remote-code", "--disable-tqdm", "--request-id-prefix")
+                  "--disable-tqdm", "--request-id-prefix")
 
 
 class BenchmarkError(RuntimeError):
@@ -78,19 +80,25 @@ def _get(url: str, api_key: Optional[str], timeout: float = 10.0) -> tuple[int, 
         return exc.code, b""
 
 
-def wait_for_health(base_url: str, timeout_s: float, interval_s: float = 10.0) -> None:
+def wait_for_health(base_url: str, timeout_s: float, interval_s: float = 10.0,
+                    api_key: Optional[str] = None) -> None:
+    """Until the engine answers through the serving proxy. The API port serves only the
+    OpenAI routes with the key (/health is on the proxy's health port, for kubelet):
+    /v1/models is 200 once vLLM is up, 502 while it is not. A refused key is not
+    something waiting fixes: check_model reports it."""
     deadline = time.monotonic() + timeout_s
+    url = f"{base_url}/v1/models"
     while True:
         try:
-            status, _ = _get(f"{base_url}/health", None)
-            if status == 200:
-                log(f"{base_url}/health is 200")
+            status, _ = _get(url, api_key)
+            if status in (200, 401, 403):
+                log(f"{url} answers ({status})")
                 return
-            log(f"{base_url}/health answered {status}; waiting")
+            log(f"{url} answered {status}; waiting")
         except OSError as exc:
-            log(f"{base_url}/health not reachable ({exc}); waiting")
+            log(f"{url} not reachable ({exc}); waiting")
         if time.monotonic() >= deadline:
-            raise BenchmarkError(f"{base_url}/health not 200 within {timeout_s:.0f} s")
+            raise BenchmarkError(f"{url} not 200 within {timeout_s:.0f} s")
         time.sleep(interval_s)
 
 
@@ -149,8 +157,7 @@ def bench_command(flags: set[str], *, base_url: str, served_model_name: str, mod
         cmd += ["--num-warmups", "0"]
     if ignore_eos:
         cmd.append("--ignore-eos")
-    for flag in ("--disable-shuffle", "--no-oversample", "--trust-remote-code",
-                 "--disable-tqdm"):
+    for flag in ("--disable-shuffle", "--no-oversample", "--disable-tqdm"):
         if flag in flags:
             cmd.append(flag)
     if "--request-id-prefix" in flags:
@@ -228,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
              "seed": args.seed, "ignore_eos": args.ignore_eos, "sets": []}
     problems: list[str] = []
     try:
-        wait_for_health(args.base_url, args.health_timeout)
+        wait_for_health(args.base_url, args.health_timeout, api_key=api_key)
         check_model(args.base_url, args.served_model_name, api_key)
         help_text = subprocess.run(["vllm", "bench", "serve", "--help"], capture_output=True,
                                    text=True, check=False).stdout
@@ -238,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
         corpus_root = (wl.package_dir(args.corpus.split(":", 1)[1])
                        if args.corpus.startswith("package:") else Path(args.corpus))
         corpus = wl.load_corpus(corpus_root)
-        count, ids = wl.load_token_counter(args.tokenizer or args.model_dir)
+        count, ids = wl.load_token_counter(args.tokenizer or args.model_dir,
+                                           trust_remote_code=False)
         sets = wl.build_workload(corpus, count, seed=args.seed, run_id=run_id,
                                  concurrencies=args.concurrencies, runs=args.runs,
                                  warmup_requests=args.warmups,

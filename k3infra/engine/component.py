@@ -22,14 +22,17 @@ import pulumi
 from k3infra.config import StackConfig
 from k3infra.engine import manifests as em
 from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
-from k3infra.engine.result import (BuildResult, EngineBuildError, image_from_digest,
-                                   parse_build_result, parse_wheel_record)
+from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
+                                   image_from_digest, parse_build_result, parse_wheel_record)
 from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX, enforce
 from k3infra.kube import apply_manifest
 from k3infra.receipt import Receipt, load_receipt
 
-# Files of images/ the Dockerfile uses (its only COPY from the context is the helper).
-RECIPE_FILES = ("Dockerfile", "k3_engine_build.py")
+# Files of images/ the Dockerfile uses: the helper and the hash-locked requirements.
+# The locks are compiled once per engine commit by a maintainer with access to both
+# package indexes (docs/engine.md, "Supply chain"); a build without them is refused.
+RECIPE_FILES = ("Dockerfile", "k3_engine_build.py", "build.lock", "runtime.lock")
+LOCK_FILES = ("build.lock", "runtime.lock")
 PLACEHOLDER_DIGEST = f"sha256:{PLACEHOLDER_HEX}"
 
 
@@ -60,7 +63,20 @@ def find_recipe_dir(explicit: Optional[str] = None) -> Path:
 
 
 def recipe_files(recipe: Path) -> dict[str, str]:
-    return {name: (recipe / name).read_text() for name in RECIPE_FILES}
+    """The recipe's files; a missing lock is left out (lock_gates refuses the update)."""
+    return {name: (recipe / name).read_text() for name in RECIPE_FILES
+            if name not in LOCK_FILES or (recipe / name).is_file()}
+
+
+def lock_gates(recipe: Optional[Path]) -> list:
+    """Hash-locked requirements the recipe needs: missing ones refuse `pulumi up`."""
+    from k3infra.gates import Gate
+
+    if recipe is None:
+        return []
+    return [Gate(f"images/{name}", f"missing: the engine installs Python packages only from "
+                 f"hash-locked files; compile {name} for this engine commit (docs/engine.md, "
+                 "\"Supply chain\")") for name in LOCK_FILES if not (recipe / name).is_file()]
 
 
 def job_files() -> dict[str, str]:
@@ -71,6 +87,13 @@ def job_files() -> dict[str, str]:
 def offline_render() -> bool:
     """`k3infra render`: builds never run, their digest is a labelled placeholder."""
     return os.environ.get(OFFLINE_RENDER_ENV) == "1"
+
+
+def _uid(meta: Any) -> Optional[str]:
+    """metadata.uid of a read or created object (None where the engine has none yet)."""
+    if meta is None:
+        return None
+    return meta.get("uid") if isinstance(meta, dict) else getattr(meta, "uid", None)
 
 
 def placeholder_result(plan: EnginePlan, why: str) -> BuildResult:
@@ -103,6 +126,7 @@ class EngineBuild(pulumi.ComponentResource):
         uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
                                                and cfg.engine.context == "configmap")
         recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None
+        enforce(lock_gates(recipe))
         super().__init__("k3infra:index:EngineBuild", name, None, opts)
         self.plan = plan
         self.build_objects: dict[str, pulumi.CustomResource] = {}
@@ -150,7 +174,10 @@ class EngineBuild(pulumi.ComponentResource):
         for role, manifest in objs.items():
             if role in ("namespace", "job"):
                 continue
-            extra = pulumi.ResourceOptions(ignore_changes=["data"]) if role == "result" else None
+            # The Job writes the result's data and makes it immutable: Pulumi never
+            # rewrites it (the digest is read back once per build hash, checked below).
+            extra = (pulumi.ResourceOptions(ignore_changes=["data", "immutable"])
+                     if role == "result" else None)
             created[role] = apply_manifest(f"{name}-{role}", manifest,
                                            pulumi.ResourceOptions.merge(in_ns, extra))
         wait = f"{em.job_timeout_minutes(cfg)}m"
@@ -171,12 +198,16 @@ class EngineBuild(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[job]))
         where = f"ConfigMap {names.namespace}/{names.result_configmap}"
 
-        def parse(data: Optional[dict]) -> BuildResult:
+        def parse(values: list) -> BuildResult:
+            data, immutable, uid, created_uid = values
             if offline_render() and not (data or {}).get("digest"):
                 return placeholder_result(plan, f"written by Job {names.job} at `pulumi up`")
+            check_result_object(immutable, uid, created_uid, where)
             return parse_build_result(data, plan, where)
 
-        return result_cm.data.apply(parse)
+        return pulumi.Output.all(result_cm.data, result_cm.immutable,
+                                 result_cm.metadata.apply(_uid),
+                                 created["result"].metadata.apply(_uid)).apply(parse)
 
     # --- local ---------------------------------------------------------------------
 
@@ -188,8 +219,9 @@ class EngineBuild(pulumi.ComponentResource):
         export = export_root / f"wheel-{em.recipe_hash(plan, recipe_files(recipe))}"
         context = docker_build.BuildContextArgs(location=str(recipe))
         dockerfile = docker_build.DockerfileArgs(location=str(recipe / "Dockerfile"))
+        # A registry cache only in its own repository (k3:engine.cacheRegistry).
         cache_from = [docker_build.CacheFromArgs(
-            registry=docker_build.CacheFromRegistryArgs(ref=plan.cache_ref))]
+            registry=docker_build.CacheFromRegistryArgs(ref=plan.cache_ref))] if plan.cache_ref else []
         child = pulumi.ResourceOptions(parent=self)
         wheel = docker_build.Image(
             f"{name}-wheel", push=False, context=context, dockerfile=dockerfile,
@@ -221,7 +253,8 @@ class EngineBuild(pulumi.ComponentResource):
             platforms=[docker_build.Platform.LINUX_AMD64], tags=[plan.tagged_ref],
             cache_from=cache_from,
             cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
-                ref=plan.cache_ref, mode=docker_build.CacheMode.MAX, ignore_error=True))],
+                ref=plan.cache_ref, mode=docker_build.CacheMode.MAX, ignore_error=True))]
+            if plan.cache_ref else [],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[wheel]))
         self.build_objects = {"wheel": wheel, "image": image}
 

@@ -14,26 +14,33 @@ from typing import Optional
 from k3infra import checkov_skips, placement
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
-from k3infra.operations.network import dns_egress
+from k3infra.operations.network import default_deny, dns_egress, internet_peers
 
 CONTEXT_DIR = "/k3/context"           # images/ (configmap context)
 JOB_DIR = "/k3/job"                   # build.sh, report.py, build-args
 OUT_DIR = "/k3/out"                   # pass 1 export + BuildKit metadata, read by report
 SCCACHE_DIR = "/k3/sccache"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+AUTH_DIR = "/k3/auth"                 # registry credentials, merged for BuildKit
+# The Secrets, seen only by the `auth` init container (own paths: a mount point inside a
+# read-only ConfigMap volume cannot be created).
+REGISTRY_AUTH_DIR = "/k3/registry-auth"
+CACHE_AUTH_DIR = "/k3/cache-auth"
 # The rootless BuildKit image runs as `user` (1000) with its state under this home.
 BUILDKIT_UID = 1000
 BUILDKIT_HOME = "/home/user"
 BUILD_ARGS_KEY = "build-args"
-JOB_SCRIPTS = ("build.sh", "report.py")
+JOB_SCRIPTS = ("build.sh", "report.py", "auth.py")
 # Result ConfigMap keys (written by pod/report.py, read by result.parse_build_result).
 RESULT_KEYS = ("digest", "image", "wheelSha256", "engineCommit", "vllmVersion")
 
 
 # Where a source build connects: Git hosts, PyPI, the PyTorch index, Ubuntu mirrors
-# (HTTP), the target registry; the report container reaches the API server (443 on the
-# Service, 6443 on most control-plane endpoints after DNAT).
-BUILD_EGRESS_PORTS = (80, 443, 6443)
+# (HTTP), the target registry, anywhere on the internet but never inside the cluster or
+# link-local; the report container reaches the API server (443 on the Service, 6443 on
+# most control-plane endpoints after DNAT) at k3:engine.apiServerCidrs only.
+BUILD_EGRESS_PORTS = (80, 443)
+API_SERVER_PORTS = (443, 6443)
 
 @dataclass(frozen=True)
 class BuildNames:
@@ -72,6 +79,10 @@ class BuildNames:
     def network_policy(self) -> str:
         return f"{self.base}-engine-build"
 
+    @property
+    def default_deny(self) -> str:
+        return f"{self.base}-engine-build-default-deny"
+
 
 def _digest(material: dict) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
@@ -90,7 +101,9 @@ def build_hash(plan: EnginePlan, cfg: StackConfig, context_files: dict[str, str]
                 "job": job_files, "source": [eng.context, eng.git_url, eng.git_revision],
                 "buildkit": eng.buildkit_image, "reporter": eng.reporter_image,
                 "node": [eng.build_cpu, eng.build_memory_gi, eng.build_disk_gi,
-                         sorted(eng.build_node_selector.items())],
+                         sorted(eng.build_node_selector.items()), eng.build_isolation,
+                         eng.build_runtime_class],
+                "cache": [eng.cache_registry, eng.cache_registry_secret],
                 "sccache": eng.sccache_secret}
     return _digest(material)
 
@@ -132,7 +145,9 @@ def job_configmap(names: BuildNames, labels: dict, plan: EnginePlan,
 
 def result_configmap(names: BuildNames, labels: dict, plan: EnginePlan) -> dict:
     """Created empty by Pulumi (so the Job's Role can be limited to this one name);
-    the Job fills it, Pulumi ignores changes to its data and reads it back."""
+    the Job fills it and makes it immutable in the same patch, so its data is written
+    once. Pulumi reads it back only if it is immutable and still the object it created
+    (same uid): a patched or re-created ConfigMap cannot change the served digest."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {**_meta(names.result_configmap, names, labels),
                          "annotations": {"k3infra.dev/engine-image": plan.tagged_ref or ""}},
@@ -166,20 +181,32 @@ def registry_port(repository: str | None) -> int | None:
     return int(host.rsplit(":", 1)[1]) if ":" in host else None
 
 
+def _tcp(ports) -> list[dict]:
+    return [{"port": p, "protocol": "TCP"} for p in ports]
+
+
 def network_policy(cfg: StackConfig, plan: EnginePlan, names: BuildNames, labels: dict) -> dict:
-    """The build pod: no ingress; egress DNS plus the web and registry ports."""
+    """The build pod: no ingress; egress DNS, the internet on the web and registry ports
+    minus every cluster and link-local range (IMDS, Services, pods, nodes), the API
+    server's own addresses, and a private registry's when given."""
+    eng = cfg.engine
     ports = list(BUILD_EGRESS_PORTS)
-    port = registry_port(plan.repository)
-    if port is not None and port not in ports:
-        ports.append(port)
-    anywhere = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    for repo in (plan.repository, plan.cache_repository):
+        port = registry_port(repo)
+        if port is not None and port not in ports:
+            ports.append(port)
+    egress = [dns_egress(cfg),
+              {"to": internet_peers(["0.0.0.0/0", "::/0"], cfg), "ports": _tcp(ports)}]
+    if eng.api_server_cidrs:
+        egress.append({"to": [{"ipBlock": {"cidr": c}} for c in eng.api_server_cidrs],
+                       "ports": _tcp(API_SERVER_PORTS)})
+    if eng.registry_cidrs:
+        egress.append({"to": [{"ipBlock": {"cidr": c}} for c in eng.registry_cidrs],
+                       "ports": _tcp(ports)})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": _meta(names.network_policy, names, labels),
             "spec": {"podSelector": {"matchLabels": dict(labels)},
-                     "policyTypes": ["Ingress", "Egress"], "ingress": [],
-                     "egress": [dns_egress(cfg),
-                                {"to": anywhere,
-                                 "ports": [{"port": p, "protocol": "TCP"} for p in ports]}]}}
+                     "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": egress}}
 
 
 def buildkit_context(cfg: StackConfig) -> str:
@@ -206,10 +233,10 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
     build_env = [
         # Rootless BuildKit in an unprivileged pod (BuildKit's own Kubernetes example).
         {"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox"},
-        {"name": "DOCKER_CONFIG", "value": f"{BUILDKIT_HOME}/.docker"},
+        {"name": "DOCKER_CONFIG", "value": AUTH_DIR},
         {"name": "K3_CONTEXT", "value": context},
         {"name": "K3_IMAGE", "value": plan.tagged_ref},
-        {"name": "K3_CACHE", "value": plan.cache_ref},
+        {"name": "K3_CACHE", "value": plan.cache_ref or ""},
         {"name": "K3_BUILD_ARGS_FILE", "value": f"{JOB_DIR}/{BUILD_ARGS_KEY}"},
         {"name": "K3_OUT", "value": OUT_DIR},
         {"name": "K3_SCCACHE", "value": "1" if eng.sccache_secret else "0"},
@@ -218,7 +245,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
         {"name": "out", "mountPath": OUT_DIR},
         {"name": "buildkitd", "mountPath": f"{BUILDKIT_HOME}/.local/share/buildkit"},
-        {"name": "registry-auth", "mountPath": f"{BUILDKIT_HOME}/.docker", "readOnly": True},
+        {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
     ]
     volumes = [
         {"name": "job", "configMap": {"name": names.job_configmap, "defaultMode": 0o555}},
@@ -228,6 +255,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         {"name": "registry-auth", "secret": {
             "secretName": eng.registry_secret, "defaultMode": 0o440,
             "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}},
+        {"name": "auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "token", "projected": {"defaultMode": 0o440, "sources": [
             {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
             {"configMap": {"name": "kube-root-ca.crt",
@@ -236,6 +264,16 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
     if context == "local":
         build_mounts.append({"name": "context", "mountPath": CONTEXT_DIR, "readOnly": True})
         volumes.append({"name": "context", "configMap": {"name": names.context_configmap}})
+    auth_sources = [f"{REGISTRY_AUTH_DIR}/config.json"]
+    auth_mounts = [{"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+                   {"name": "registry-auth", "mountPath": REGISTRY_AUTH_DIR, "readOnly": True},
+                   {"name": "auth", "mountPath": AUTH_DIR}]
+    if eng.cache_registry_secret:
+        volumes.append({"name": "cache-auth", "secret": {
+            "secretName": eng.cache_registry_secret, "defaultMode": 0o440,
+            "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}})
+        auth_mounts.append({"name": "cache-auth", "mountPath": CACHE_AUTH_DIR, "readOnly": True})
+        auth_sources.append(f"{CACHE_AUTH_DIR}/config.json")
     if eng.sccache_secret:
         build_mounts.append({"name": "sccache", "mountPath": SCCACHE_DIR, "readOnly": True})
         volumes.append({"name": "sccache", "secret": {"secretName": eng.sccache_secret,
@@ -266,6 +304,22 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         },
         "volumeMounts": build_mounts,
     }
+    restricted = {
+        "runAsUser": BUILDKIT_UID, "runAsGroup": BUILDKIT_UID, "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    auth = {
+        "name": "auth",
+        "image": eng.reporter_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", f"{JOB_DIR}/auth.py", AUTH_DIR, *auth_sources],
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                      "limits": {"cpu": "200m", "memory": "128Mi"}},
+        "securityContext": restricted,
+        "volumeMounts": auth_mounts,
+    }
     report = {
         "name": "report",
         "image": eng.reporter_image,
@@ -281,11 +335,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         ],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                       "limits": {"cpu": "200m", "memory": "128Mi"}},
-        "securityContext": {
-            "runAsUser": BUILDKIT_UID, "runAsGroup": BUILDKIT_UID, "runAsNonRoot": True,
-            "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted,
         "volumeMounts": [
             {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
             {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
@@ -299,12 +349,20 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         "restartPolicy": "Never",
         "securityContext": {"fsGroup": BUILDKIT_UID},
         "affinity": off_gpu_affinity(),
-        "initContainers": [build],
+        "initContainers": [auth, build],
         "containers": [report],
         "volumes": volumes,
     }
-    if eng.build_node_selector:
-        pod_spec["nodeSelector"] = dict(sorted(eng.build_node_selector.items()))
+    # Isolation (docs/security.md): the build's own tainted nodes, or a sandbox runtime.
+    selector = dict(eng.build_node_selector)
+    if eng.build_isolation == "node-pool":
+        pool = placement.build_node_placement()
+        selector.update(pool["nodeSelector"])
+        pod_spec["tolerations"] = pool["tolerations"]
+    else:
+        pod_spec["runtimeClassName"] = eng.build_runtime_class
+    if selector:
+        pod_spec["nodeSelector"] = dict(sorted(selector.items()))
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {**_meta(names.job, names, labels),
@@ -324,6 +382,7 @@ def build_manifests(plan: EnginePlan, cfg: StackConfig, names: BuildNames, label
                     context_files: dict[str, str], job_files: dict[str, str]) -> dict[str, dict]:
     """Every object of an in-cluster build, keyed by role, in apply order."""
     objs = {"namespace": build_namespace(names, labels),
+            "default-deny": default_deny(names.default_deny, names.namespace, labels),
             "network-policy": network_policy(cfg, plan, names, labels),
             "service-account": service_account(names, labels), "role": role(names, labels),
             "role-binding": role_binding(names, labels),

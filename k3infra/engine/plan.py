@@ -59,6 +59,7 @@ class EnginePlan:
     tag: Optional[str] = None
     wheel_sha256: Optional[str] = None
     build_args: dict[str, str] = field(default_factory=dict)
+    cache_repository: Optional[str] = None
 
     @property
     def builds(self) -> bool:
@@ -74,8 +75,9 @@ class EnginePlan:
 
     @property
     def cache_ref(self) -> Optional[str]:
-        """Registry build cache (BuildKit `type=registry`, mode=max) beside the image."""
-        return f"{self.repository}:buildcache" if self.repository else None
+        """Registry build cache (BuildKit `type=registry`, mode=max) in its own repository
+        (k3:engine.cacheRegistry), never the serving image's; None: no registry cache."""
+        return f"{self.cache_repository}:buildcache" if self.cache_repository else None
 
 
 def arch_list(cuda_version: str, compute_capability: str) -> str:
@@ -129,7 +131,10 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
                                       cfg.engine.nvcc_threads, cfg.engine.max_jobs)
     return {
         "ENGINE_REPO": e.repo,
-        "ENGINE_COMMIT": e.commit,
+        # The pinned full SHA; until it is set (a render) the receipt's prefix, which
+        # the recipe's fetch step refuses and `pulumi up` gates (engine_gates).
+        "ENGINE_COMMIT": cfg.engine.commit or e.commit,
+        "ENGINE_COMMIT_PREFIX": e.commit,
         "ENGINE_PR": str(e.pull_request),
         "ENGINE_VERSION": e.version,
         "ENGINE_EXCLUDE": ",".join(e.build_exclusions),
@@ -138,6 +143,11 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
         "MAX_JOBS": str(jobs),
         "NVCC_THREADS": str(threads),
         "USE_SCCACHE": "1" if cfg.engine.sccache_secret else "0",
+        # Base images by digest (k3:engine.baseImages).
+        "BUILD_BASE_IMAGE": cfg.engine.base_images.cuda_devel,
+        "RUNTIME_BASE_IMAGE": cfg.engine.base_images.cuda_devel,
+        "UV_IMAGE": cfg.engine.base_images.uv,
+        "RUST_IMAGE": cfg.engine.base_images.rust,
     }
 
 
@@ -173,7 +183,7 @@ def build_namespace(cfg: StackConfig) -> str:
     return ns
 
 
-def _check(cfg: StackConfig) -> None:
+def _check(receipt: Receipt, cfg: StackConfig) -> None:
     """Engine keys that only make sense together; refused before anything is created."""
     eng = cfg.engine
     if eng.build != "prebuilt" and cfg.engine_image is not None:
@@ -196,6 +206,28 @@ def _check(cfg: StackConfig) -> None:
                               "is required with k3:engine.context = git: a 40-hex commit")
     if eng.build == "in-cluster":
         build_namespace(cfg)
+    if eng.build_isolation == "runtime-class" and eng.build_runtime_class is None:
+        raise ConfigError("k3:engine.buildRuntimeClass", None,
+                          "is required with k3:engine.buildIsolation = runtime-class: a "
+                          "sandboxed RuntimeClass (gVisor, Kata) installed in the cluster")
+    if eng.build_runtime_class is not None and eng.build_isolation != "runtime-class":
+        raise ConfigError("k3:engine.buildRuntimeClass", eng.build_runtime_class,
+                          "is only used with k3:engine.buildIsolation = runtime-class")
+    if eng.cache_registry is not None:
+        if eng.cache_registry == eng.registry:
+            raise ConfigError("k3:engine.cacheRegistry", eng.cache_registry,
+                              "must be its own repository, not k3:engine.registry: a build "
+                              "step that can write the cache must not be able to push the "
+                              "serving image's repository")
+        if eng.build == "in-cluster" and eng.cache_registry_secret is None:
+            raise ConfigError("k3:engine.cacheRegistrySecret", None,
+                              "is required with k3:engine.cacheRegistry in-cluster: a "
+                              "dockerconfigjson Secret that may push only the cache repository")
+    if eng.cache_registry_secret is not None and (
+            eng.cache_registry is None or eng.cache_registry_secret == eng.registry_secret):
+        raise ConfigError("k3:engine.cacheRegistrySecret", eng.cache_registry_secret,
+                          "needs k3:engine.cacheRegistry and must differ from "
+                          "k3:engine.registrySecret (separate credentials for the cache)")
     if eng.build == "local" and eng.sccache_secret is not None:
         raise ConfigError("k3:engine.sccacheSecret", eng.sccache_secret,
                           "is an in-cluster Secret: local builds use the operator's own "
@@ -203,6 +235,13 @@ def _check(cfg: StackConfig) -> None:
     if eng.upstream_version is not None and cfg.profile != "upstream":
         raise ConfigError("k3:engine.upstreamVersion", eng.upstream_version,
                           "is only accepted with k3:profile = upstream")
+    if eng.commit is not None and not eng.commit.startswith(receipt.engine.commit):
+        raise ConfigError("k3:engine.commit", eng.commit,
+                          f"must start with the receipt's engine commit {receipt.engine.commit}: "
+                          "any other commit is not the measured engine")
+    if eng.commit is not None and cfg.profile == "upstream":
+        raise ConfigError("k3:engine.commit", eng.commit,
+                          "is not accepted with k3:profile = upstream (a released image)")
     if eng.wheel_sha256 is not None and eng.build != "prebuilt":
         raise ConfigError("k3:engine.wheelSha256", eng.wheel_sha256,
                           "is only accepted with k3:engine.build = prebuilt: builds record "
@@ -211,7 +250,7 @@ def _check(cfg: StackConfig) -> None:
 
 def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
     """The stack's engine: mode, profile, label, and the build arguments when it builds."""
-    _check(cfg)
+    _check(receipt, cfg)
     eng = cfg.engine
     e = receipt.engine
     if cfg.profile == "upstream":
@@ -234,12 +273,12 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
              f"custom: {engine} with engine-path changes, not the measured configuration; {how}")
     if eng.build == "prebuilt":
         return EnginePlan(mode="prebuilt", profile=cfg.profile, measured=measured, label=label,
-                          engine_version=e.version, engine_commit=e.commit,
+                          engine_version=e.version, engine_commit=eng.commit or e.commit,
                           image=cfg.engine_image, wheel_sha256=eng.wheel_sha256)
     return EnginePlan(mode=eng.build, profile=cfg.profile, measured=measured, label=label,
-                      engine_version=e.version, engine_commit=e.commit,
+                      engine_version=e.version, engine_commit=eng.commit or e.commit,
                       repository=eng.registry, tag=eng.tag or default_tag(receipt),
-                      build_args=build_args(receipt, cfg))
+                      build_args=build_args(receipt, cfg), cache_repository=eng.cache_registry)
 
 
 def engine_gates(cfg: StackConfig) -> list[Gate]:
@@ -247,6 +286,31 @@ def engine_gates(cfg: StackConfig) -> list[Gate]:
     refused by `pulumi up` (k3infra.gates.enforce)."""
     eng = cfg.engine
     found = []
+    if eng.build != "prebuilt" and eng.commit is None:
+        from k3infra.receipt import load_receipt
+
+        e = load_receipt().engine
+        found.append(Gate("k3:engine.commit",
+                          f"unset: a build takes only the full 40-hex engine commit, never the "
+                          f"receipt's prefix {e.commit} (resolve it once: python3 "
+                          f"images/k3_engine_build.py resolve --repo-url {e.repo} --pr "
+                          f"{e.pull_request} --commit {e.commit} --dest /tmp/vllm-resolve; "
+                          "check the commit it prints, then set it)"))
+    if eng.build != "prebuilt":
+        for sub, image in (("cudaDevel", eng.base_images.cuda_devel), ("uv", eng.base_images.uv),
+                           ("rust", eng.base_images.rust)):
+            if is_placeholder(image):
+                tag = image.split("@", 1)[0]
+                found.append(Gate(f"k3:engine.baseImages.{sub}",
+                                  f"{image} is a placeholder digest: set the digest of {tag} "
+                                  f"(docker buildx imagetools inspect {tag})"))
+    if eng.build == "in-cluster" and not eng.api_server_cidrs:
+        found.append(Gate("k3:engine.apiServerCidrs",
+                          "unset: the build pod may reach no cluster address but the API "
+                          "server's, which its report container writes the result to; list "
+                          "its endpoint addresses (kubectl get endpointslices -n default -l "
+                          "kubernetes.io/service-name=kubernetes -o jsonpath="
+                          "'{.items[*].endpoints[*].addresses[*]}', as /32 CIDRs)"))
     if eng.build == "in-cluster":
         for key, image in (("k3:engine.buildkitImage", eng.buildkit_image),
                            ("k3:engine.reporterImage", eng.reporter_image)):

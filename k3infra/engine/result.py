@@ -32,9 +32,12 @@ class BuildResult:
 
 
 def _commit(commit: str, plan: EnginePlan, where: str) -> str:
-    if not FULL_SHA.match(commit or "") or not commit.startswith(plan.engine_commit or "\0"):
-        raise EngineBuildError(f"{where}: engine commit {commit!r} is not a full SHA starting "
-                               f"with the receipt's {plan.engine_commit}")
+    """The build's commit is the pinned one (k3:engine.commit), exactly."""
+    pinned = plan.engine_commit or "\0"
+    if not FULL_SHA.match(commit or "") or not (
+            commit == pinned if FULL_SHA.match(pinned) else commit.startswith(pinned)):
+        raise EngineBuildError(f"{where}: engine commit {commit!r} is not the pinned "
+                               f"{plan.engine_commit}")
     return commit
 
 
@@ -43,6 +46,18 @@ def _version(version: str, plan: EnginePlan, where: str) -> str:
         raise EngineBuildError(f"{where}: vLLM version {version!r} is not the receipt's "
                                f"{plan.engine_version}")
     return version
+
+
+def check_result_object(immutable: Optional[bool], uid: Optional[str], created_uid: Optional[str],
+                        where: str = "engine build result") -> None:
+    """The result ConfigMap Pulumi reads must be the one it created (same uid), made
+    immutable by the Job's single write: anything else could carry another digest."""
+    if immutable is not True:
+        raise EngineBuildError(f"{where} is not immutable: the build Job writes it once and "
+                               "makes it immutable; a mutable one may have been edited since")
+    if not uid or uid != created_uid:
+        raise EngineBuildError(f"{where} is not the ConfigMap this stack created (uid {uid!r}, "
+                               f"created {created_uid!r}): it was deleted and re-created")
 
 
 def parse_build_result(data: Optional[Mapping[str, str]], plan: EnginePlan,

@@ -34,6 +34,12 @@ _BOUNDARY = "//k3infra//"
 
 # --- pure builders ---------------------------------------------------------------------
 
+
+# IMDSv2 answers only one network hop away: processes on the node itself (kubelet, the
+# hostNetwork VPC CNI and device plugins), never a pod behind the pod network, so no
+# workload can take the node role's credentials (issue 21).
+IMDS_HOP_LIMIT = 1
+
 def node_config(spec: PoolSpec) -> dict[str, Any]:
     """nodeadm NodeConfig: RAID0 over the instance-store NVMe. nodeadm also moves
     containerd and kubelet state onto the array (the engine image is large)."""
@@ -95,7 +101,7 @@ def karpenter_manifests(name: str, spec: PoolSpec,
             "volumeSize": f"{settings.root_volume_gib}Gi", "volumeType": "gp3",
             "encrypted": True, "deleteOnTermination": True}}],
         "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required",
-                            "httpPutResponseHopLimit": 2},
+                            "httpPutResponseHopLimit": IMDS_HOP_LIMIT},
         "userData": user_data(spec),
         "tags": {"k3infra.dev/pool": spec.name},
     }
@@ -152,7 +158,7 @@ def register(name: str, spec: PoolSpec, settings: Optional[AwsPoolConfig],
             "volume_size": settings.root_volume_gib, "volume_type": "gp3",
             "encrypted": "true", "delete_on_termination": "true"}}],
         metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
-                          "http_put_response_hop_limit": 2},
+                          "http_put_response_hop_limit": IMDS_HOP_LIMIT},
         network_interfaces=network_interfaces(settings) or None,
         # Without explicit interfaces the node group's own security group handling applies.
         vpc_security_group_ids=(None if settings.efa_interfaces

@@ -17,7 +17,7 @@ from k3infra.receipt import Measurement, Receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 
-METRICS_PATH = "/metrics"          # vLLM serves it without the API key (K3_FACTS.md)
+METRICS_PATH = "/metrics"          # the proxy's metrics port, without the API key
 METRICS_SERVICE_LABEL = "k3infra.dev/metrics"
 VLLM_CONTAINER = "vllm"
 RULE_GROUP = "kimi-k3-vllm"
@@ -71,7 +71,7 @@ def metrics_service(names: m.ServingNames, instance: str, port: int) -> dict:
                          "labels": {**m.labels(instance, "metrics"), METRICS_SERVICE_LABEL: "true"}},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": m.selector_labels(instance),
-                     "ports": [{"name": "http", "port": port, "targetPort": "http",
+                     "ports": [{"name": "metrics", "port": port, "targetPort": "metrics",
                                 "protocol": "TCP"}]}}
 
 
@@ -82,7 +82,7 @@ def service_monitor(cfg: StackConfig, names: m.ServingNames, instance: str) -> d
                          "labels": {**m.labels(instance, "metrics"), **cfg.monitoring.labels}},
             "spec": {"selector": {"matchLabels": metrics_service_selector(instance)},
                      "namespaceSelector": {"matchNames": [names.namespace]},
-                     "endpoints": [{"port": "http", "path": METRICS_PATH, "scheme": "http",
+                     "endpoints": [{"port": "metrics", "path": METRICS_PATH, "scheme": "http",
                                     "interval": interval,
                                     "scrapeTimeout": _scrape_timeout(interval)}]}}
 
@@ -215,7 +215,7 @@ def monitoring_objects(receipt: Receipt, cfg: StackConfig, names: m.ServingNames
     """What k3:monitoring asks for (the dashboard is in dashboard.py)."""
     out: list[dict] = []
     if cfg.monitoring.service_monitor:
-        out += [metrics_service(names, instance, cfg.serving.port),
+        out += [metrics_service(names, instance, cfg.serving.metrics_port),
                 service_monitor(cfg, names, instance)]
     if cfg.monitoring.prometheus_rule:
         out.append(prometheus_rule(receipt, cfg, names, instance))

@@ -2,14 +2,20 @@
 
 Pure: (config, names) -> manifest dicts.
 
-Serving pods: ingress is denied except the API port, and only from the configured
-namespaces / pod labels, the metrics scraper and (when enabled) this stack's benchmark
-Job. Egress is DNS only: one replica is one pod, tensor parallelism runs inside it over
+Every namespace the stack creates starts from a default-deny policy (no ingress, no
+egress for any pod); the policies below open what each component needs.
+
+Serving pods: only the proxy listens on the pod's address (k3infra/serving/proxy.py).
+Its API port admits the configured namespaces / pod labels and (when enabled) this
+stack's benchmark Job; its metrics port admits only the metrics scraper; its health
+port admits nobody (kubelet probes). Egress is DNS only: one replica is one pod, tensor parallelism runs inside it over
 NVLink and /dev/shm, so a serving pod opens no connection to other pods, and with
 HF_HUB_OFFLINE=1 none to the Hub. The one exception is node-local weights, where the
 pod's gate init container fetches missing files (a policy applies to the whole pod).
 
-Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`).
+Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`,
+minus `k3:network.clusterCidrs` and link-local 169.254.0.0/16: the cloud's instance
+metadata service, in-cluster services and the node network are never "the Hub").
 
 Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
 the serving pods' API port (its tokenizer comes from the weights directory, offline);
@@ -33,8 +39,13 @@ DNS_PORT = 53
 PREFETCH_COMPONENT = "weights-prefetch"
 
 
+# Link-local: the instance metadata services (169.254.169.254, fd00:ec2::254 is inside
+# fc00::/7) and NodeLocal DNS. Never reachable through an internet egress rule.
+LINK_LOCAL_CIDRS = ("169.254.0.0/16", "fe80::/10")
+
+
 def policy_names(base: str) -> dict[str, str]:
-    return {"serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}",
+    return {"default-deny": f"{base}-default-deny", "serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}",
             "benchmark": f"{base}-{BENCHMARK_COMPONENT}",
             "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}"}
 
@@ -54,13 +65,12 @@ def _namespace_peer(namespace: str, pod_labels: dict[str, str] | None = None) ->
 
 def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
     """Who may open the API port. Empty means nobody (the pods still start and pass
-    their probes; clients need k3:network.allowFromNamespaces or allowFromPodLabels)."""
+    their probes; clients need k3:network.allowFromNamespaces or allowFromPodLabels).
+    The scraper is not among them: it reaches the metrics port only."""
     net = cfg.network
     peers = [_namespace_peer(ns) for ns in net.allow_from_namespaces]
     if net.allow_from_pod_labels:
         peers.append({"podSelector": {"matchLabels": dict(net.allow_from_pod_labels)}})
-    if net.scraper_namespace:
-        peers.append(_namespace_peer(net.scraper_namespace, net.scraper_pod_labels))
     if cfg.benchmark.enabled:
         peers.append({"podSelector": component_selector(instance, BENCHMARK_COMPONENT)})
     return peers
@@ -73,15 +83,43 @@ def dns_egress(cfg: StackConfig) -> dict:
                                 {"port": DNS_PORT, "protocol": "TCP"}]}
 
 
+def internet_peers(cidrs: list[str], cfg: StackConfig) -> list[dict]:
+    """ipBlocks for `cidrs` with the cluster's own and the link-local ranges cut out
+    (an `except` must lie inside its block: each one gets the ranges it contains)."""
+    import ipaddress
+
+    excluded = [ipaddress.ip_network(c) for c in (*cfg.network.cluster_cidrs, *LINK_LOCAL_CIDRS)]
+    peers = []
+    for cidr in cidrs:
+        net = ipaddress.ip_network(cidr)
+        cut = [str(x) for x in excluded if x.version == net.version and x != net
+               and x.subnet_of(net)]
+        peers.append({"ipBlock": {"cidr": cidr, **({"except": cut} if cut else {})}})
+    return peers
+
+
 def hub_egress(cfg: StackConfig) -> dict:
-    return {"to": [{"ipBlock": {"cidr": cidr}} for cidr in cfg.network.hub_cidrs],
+    return {"to": internet_peers(cfg.network.hub_cidrs, cfg),
             "ports": [{"port": port, "protocol": "TCP"} for port in cfg.network.hub_ports]}
+
+
+def default_deny(name: str, namespace: str, labels: dict) -> dict:
+    """Every pod of the namespace: no ingress, no egress, unless another policy opens it
+    (policies are additive), so a pod no policy names is cut off, not wide open."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [], "egress": []}}
 
 
 def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
     peers = serving_ingress_peers(cfg, instance)
     ingress = [{"from": peers, "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}] \
         if peers else []
+    net = cfg.network
+    if net.scraper_namespace:
+        ingress.append({"from": [_namespace_peer(net.scraper_namespace, net.scraper_pod_labels)],
+                        "ports": [{"port": cfg.serving.metrics_port, "protocol": "TCP"}]})
     egress = [dns_egress(cfg)]
     if cfg.weights.mode == "node-local":
         egress.append(hub_egress(cfg))
@@ -124,7 +162,9 @@ def benchmark_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -
 
 
 def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
-    out = [serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
+    out = [default_deny(policy_names(names.base)["default-deny"], names.namespace,
+                        m.labels(instance, "network-policy")),
+           serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
     if cfg.benchmark.enabled:
         out += benchmark_policies(cfg, names, instance)
     return out

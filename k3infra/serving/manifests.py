@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3infra import checkov_skips, placement
+from k3infra.serving import proxy
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
 from k3infra.receipt import Receipt
@@ -21,6 +22,9 @@ from k3infra.weights.manifests import WeightsParts
 APP = "kimi-k3"
 CACHE_ROOT = "/cache"                 # the compile-cache volume (survives pod restarts)
 API_KEY_SECRET_KEY = "api-key"
+PROXY_SECRET_VOLUME = "proxy"
+# vLLM answers only inside the pod (the proxy is its one client).
+ENGINE_HOST = "127.0.0.1"
 # Endpoints and kube-proxy / load balancers need a few seconds to stop sending new
 # requests to a terminating pod.
 ENDPOINT_PROPAGATION_SECONDS = 10
@@ -101,7 +105,7 @@ def pin_annotations(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
 def surface_arg_tokens(cfg: StackConfig) -> list[str]:
     """Allow-listed serving-surface flags: k3infra's defaults, then the stack's."""
     values: dict[str, Any] = {"--served-model-name": cfg.served_model_name,
-                              "--host": "0.0.0.0", "--port": str(cfg.serving.port)}
+                              "--host": ENGINE_HOST, "--port": str(cfg.serving.engine_port)}
     values.update(cfg.surface.args)
     tokens: list[str] = []
     for flag, value in values.items():
@@ -168,14 +172,18 @@ def update_strategy(cfg: StackConfig) -> dict:
             "rollingUpdate": {"partition": cfg.serving.update_partition}}
 
 
-def _probe(path: str, port: int, period: int, failures: int, timeout: int = 5) -> dict:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
-            "failureThreshold": failures, "timeoutSeconds": timeout}
+def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
+    """vLLM's /health from inside its own container: it listens on loopback only, and
+    its liveness must not depend on the proxy (a proxy hiccup must not reload 1.5 TB)."""
+    url = f"http://{ENGINE_HOST}:{port}/health"
+    return {"exec": {"command": ["python3", "-c",
+                                 f"import urllib.request; urllib.request.urlopen({url!r}, timeout={timeout})"]},
+            "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
 def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
                    names: ServingNames, budget: StartupBudget) -> dict:
-    port = cfg.serving.port
+    port = cfg.serving.engine_port
     s = cfg.serving
     gpus = str(receipt.measured_gpu.gpus_per_node)
     return {
@@ -185,14 +193,13 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "command": ["vllm", "serve"],
         "args": serve_args(receipt, cfg, weights.model_dir),
         "env": serve_env(receipt, cfg, budget, names.api_key_secret),
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": {
             "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
             "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
         },
-        "startupProbe": _probe("/health", port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
-        "readinessProbe": _probe("/health", port, 10, 3),
-        "livenessProbe": _probe("/health", port, 30, 4, timeout=10),
+        "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
+        "readinessProbe": _probe(port, 10, 3),
+        "livenessProbe": _probe(port, 30, 4, timeout=10),
         "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds(receipt, cfg)}}},
         "securityContext": container_security_context(),
         "volumeMounts": [*weights.main_mounts,
@@ -219,8 +226,10 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
             "podAntiAffinity": placement.one_replica_per_node(sel)},
         "tolerations": placement.tolerations(),
         "initContainers": list(weights.init_containers),
-        "containers": [vllm_container(receipt, cfg, image, weights, names, budget)],
+        "containers": [vllm_container(receipt, cfg, image, weights, names, budget),
+                       proxy.container(cfg, PROXY_SECRET_VOLUME)],
         "volumes": [*weights.volumes,
+                    *proxy.volumes(names.api_key_secret, PROXY_SECRET_VOLUME),
                     # NCCL and the 8 TP workers exchange through /dev/shm: memory-backed.
                     {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                   "sizeLimit": f"{cfg.serving.shm_size_gi}Gi"}},
@@ -247,18 +256,21 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
             "updateStrategy": update_strategy(cfg),
             "selector": {"matchLabels": sel},
             "template": {"metadata": {"labels": labels(instance),
-                                      "annotations": pin_annotations(receipt, cfg)},
+                                      "annotations": {**pin_annotations(receipt, cfg),
+                                                      "k3infra.dev/proxy-config":
+                                                          proxy.conf_digest(cfg)}},
                          "spec": pod_spec},
             "volumeClaimTemplates": [cache_claim],
         },
     }
 
 
-def api_key_secret(names: ServingNames, instance: str, value: Any) -> dict:
+def api_key_secret(cfg: StackConfig, names: ServingNames, instance: str, value: Any) -> dict:
+    """The API key, and the proxy's config and key map (k3infra/serving/proxy.py)."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": names.api_key_secret, "namespace": names.namespace,
                          "labels": labels(instance)},
-            "stringData": {API_KEY_SECRET_KEY: value}}
+            "stringData": {API_KEY_SECRET_KEY: value, **proxy.secret_files(cfg, value)}}
 
 
 def hf_token_secret(names: ServingNames, instance: str, value: Any) -> dict:
@@ -269,6 +281,7 @@ def hf_token_secret(names: ServingNames, instance: str, value: Any) -> dict:
 
 
 def services(cfg: StackConfig, names: ServingNames, instance: str) -> list[dict]:
+    """The API port only (the metrics port has its own Service, k3infra/operations)."""
     port = {"name": "http", "port": cfg.serving.port, "targetPort": "http", "protocol": "TCP"}
     sel = selector_labels(instance)
     return [

@@ -4,13 +4,14 @@
 #   pass 2: --target runtime with WHEEL_SHA256 / ENGINE_COMMIT_FULL from pass 1 as
 #           labels -> pushed to $K3_IMAGE; BuildKit's metadata (the pushed digest) ->
 #           $K3_OUT/metadata.json for the report container.
-# Pass 2 reuses pass 1's layers from the local BuildKit state; both read the registry
-# cache at $K3_CACHE and pass 2 writes it (mode=max: every stage, the wheel included).
+# Pass 2 reuses pass 1's layers from the local BuildKit state; with a registry cache
+# ($K3_CACHE, its own repository) both read it and pass 2 writes it (mode=max).
 set -eu
 
 : "${K3_CONTEXT:?local or a Git context}"
 : "${K3_IMAGE:?repository:tag to push}"
-: "${K3_CACHE:?registry cache ref}"
+# K3_CACHE: the registry cache ref in its own repository, or empty for none.
+K3_CACHE="${K3_CACHE:-}"
 : "${K3_BUILD_ARGS_FILE:?file of KEY=VALUE build args}"
 : "${K3_OUT:?output directory}"
 K3_CONTEXT_DIR="${K3_CONTEXT_DIR:-/k3/context}"
@@ -39,7 +40,9 @@ fi
 if [ "${K3_SCCACHE:-0}" = "1" ]; then
     set -- "$@" --secret "id=sccache,src=$K3_SCCACHE_ENV"
 fi
-set -- "$@" --import-cache "type=registry,ref=$K3_CACHE"
+if [ -n "$K3_CACHE" ]; then
+    set -- "$@" --import-cache "type=registry,ref=$K3_CACHE"
+fi
 
 mkdir -p "$K3_OUT/wheel"
 t0=$(date +%s)
@@ -66,11 +69,13 @@ if [ "${#WHEEL_SHA256}" -ne 64 ]; then
 fi
 
 echo "k3-engine: pass 2 (runtime image) wheel sha256 $WHEEL_SHA256"
+if [ -n "$K3_CACHE" ]; then
+    set -- "$@" --export-cache "type=registry,ref=$K3_CACHE,mode=max,ignore-error=true"
+fi
 "$BUILDCTL" build "$@" --opt target=runtime \
     --opt "build-arg:WHEEL_SHA256=$WHEEL_SHA256" \
     --opt "build-arg:ENGINE_COMMIT_FULL=$ENGINE_COMMIT_FULL" \
     --output "type=image,name=$K3_IMAGE,push=true" \
-    --export-cache "type=registry,ref=$K3_CACHE,mode=max,ignore-error=true" \
     --metadata-file "$K3_OUT/metadata.json"
 t2=$(date +%s)
 echo "k3-engine: pass 2 took $((t2 - t1)) s; total $((t2 - t0)) s"

@@ -81,10 +81,13 @@ def report(out: Path, api: str, namespace: str, name: str, repository: str, toke
     record = json.loads((out / "wheel" / "engine-wheel.json").read_text())
     data = result_data(metadata, record, repository)
     url = f"{api}/api/v1/namespaces/{namespace}/configmaps/{name}"
-    request("PATCH", url, token, cafile, {"data": data})
-    back = request("GET", url, token, cafile).get("data") or {}
-    if any(back.get(k) != v for k, v in data.items()):
-        raise ReportError(f"ConfigMap {namespace}/{name} reads back {back}, wrote {data}")
+    # Data and immutability in one patch: the result is written once, by this Job.
+    request("PATCH", url, token, cafile, {"data": data, "immutable": True})
+    obj = request("GET", url, token, cafile)
+    back = obj.get("data") or {}
+    if any(back.get(k) != v for k, v in data.items()) or obj.get("immutable") is not True:
+        raise ReportError(f"ConfigMap {namespace}/{name} reads back {back} "
+                          f"(immutable={obj.get('immutable')}), wrote {data}")
     return data
 
 
