@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import pulumi
+
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 
@@ -23,8 +25,9 @@ class Gate:
     refuses: bool = True
 
 
-class GateError(RuntimeError):
-    """An update was refused by a gate."""
+class GateError(pulumi.RunError, RuntimeError):
+    """An update was refused by a gate. A RunError: the CLI shows its message alone,
+    also when the component runs inside someone else's program."""
 
 
 def is_placeholder(value: str | None) -> bool:

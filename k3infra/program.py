@@ -16,11 +16,19 @@ def read_k3_config() -> tuple[dict[str, str], list[str]]:
 
 
 def run() -> None:
-    from k3infra.config import parse_stack_config
+    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.engine.result import EngineBuildError
+    from k3infra.gates import GateError
+    from k3infra.hbm import HbmError
     from k3infra.stack import K3ServingStack
 
-    raw, secret = read_k3_config()
-    cfg = parse_stack_config(raw, tuple(secret))
-    stack = K3ServingStack(NAMESPACE, cfg)
+    try:
+        raw, secret = read_k3_config()
+        cfg = parse_stack_config(raw, tuple(secret))
+        stack = K3ServingStack(NAMESPACE, cfg)
+    except (ConfigError, GateError, HbmError, EngineBuildError) as exc:
+        # The CLI prints a RunError's message alone: a refusal is not a crash, and a
+        # Python traceback would bury the key, the value and what is accepted.
+        raise pulumi.RunError(f"k3infra: {exc}") from exc
     for key, value in stack.outputs().items():
         pulumi.export(key, value)

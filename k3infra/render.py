@@ -157,8 +157,12 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
         pulumi.runtime.set_mocks(monitor_mocks, project=NAMESPACE, stack=stack, preview=False,
                                  logger=logger, monitor=Recorder(monitor_mocks))
         root_stack = pulumi.runtime.get_root_resource()
-        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(root / "__main__.py"),
-                                                           run_name="__main__")))
+        try:
+            _sync_await(run_pulumi_func(lambda: runpy.run_path(str(root / "__main__.py"),
+                                                               run_name="__main__")))
+        except pulumi.RunError as exc:
+            # The program wraps k3infra's refusals for the CLI; a render raises the refusal.
+            raise (exc.__cause__ or exc) from None
         for key, value in (root_stack.outputs or {}).items():
             resolved = _sync_await(pulumi.Output.from_input(value).future())
             result.outputs[key] = redact(resolved) if not _is_secret(value) else SECRET_PLACEHOLDER

@@ -50,6 +50,8 @@ class Pulumi:
             "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+            # Plugins come from PULUMI_HOME (installed from their files), not from PATH.
+            "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
             "PULUMI_SKIP_CONFIRMATIONS": "true",
             "PULUMI_COPILOT": "false",
             "KUBECONFIG": str(self.home / "no-such-kubeconfig"),

@@ -209,7 +209,12 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 		cmd.Env = os.Environ()
 	}
 	// The SDK reads config and the names of secret keys from these two variables.
-	config, err := json.Marshal(req.GetConfig())
+	// A stack with no config sends none: the SDK expects an object, never `null`.
+	configMap := req.GetConfig()
+	if configMap == nil {
+		configMap = map[string]string{}
+	}
+	config, err := json.Marshal(configMap)
 	if err != nil {
 		return nil, err
 	}
