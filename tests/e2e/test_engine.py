@@ -257,3 +257,16 @@ def test_two_instances_in_two_namespaces(pulumi, tmp_path):
     assert len(keys) == len(set(keys)), "two instances wrote the same object"
     assert {k[2] for k in keys} - {None} == {"inference", "inference-b"}
     pulumi.run("destroy", "--yes")
+
+
+def test_language_host_runs_a_program_with_no_config(pulumi, tmp_path):
+    """k3infra's language host: a stack with no config gives the SDK `{}`, not `null`."""
+    d = tmp_path / "bare"
+    d.mkdir()
+    (d / "Pulumi.yaml").write_text("name: bare\nruntime:\n  name: python\n  options:\n"
+                                   f"    toolchain: pip\n    virtualenv: {ROOT / '.venv'}\n")
+    (d / "__main__.py").write_text("import pulumi\npulumi.export('ok', True)\n")
+    pulumi.cwd = d
+    pulumi.run("stack", "init", "dev")
+    pulumi.run("up", "--yes")
+    assert pulumi.json("stack", "output") == {"ok": True}
