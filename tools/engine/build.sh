@@ -11,6 +11,7 @@
 #   .            pulumi (CLI) + pulumi-language-python (k3infra's host) + its exec script
 #   kubernetes/  pulumi-resource-kubernetes
 #   cluster/     etcd, kube-apiserver, kube-controller-manager
+#   <dir>/       any other folder with a build.sh OUTDIR is a part too
 # No binary is committed; nothing is downloaded but Go modules from the module proxy.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,12 +22,11 @@ mkdir -p "$root"
 # The Pulumi version linked into the CLI and the host: the sdk/v3 version go.mod pins.
 pulumi_version() { (cd "$here" && go list -m -f '{{.Version}}' github.com/pulumi/pulumi/sdk/v3); }
 
-part_key() {  # hash of a part's own sources (not of nested modules)
-  local dir="$1"
-  (cd "$dir" && find . \( -path './*/go.mod' -prune \) -o -type f \
-      \( -name go.mod -o -name go.sum -o -name '*.go' -o -name build.sh \) -print \
-    | grep -v -E '^\./(kubernetes|cluster)/' | LC_ALL=C sort | xargs sha256sum) \
-    | sha256sum | cut -c1-16
+part_key() {  # DIR [PATH...]: hash of the part's sources (default: everything in DIR)
+  local dir="$1"; shift
+  (cd "$dir" && find "${@:-.}" -type f \( -name go.mod -o -name go.sum -o -name '*.go' \
+      -o -name '*.sh' -o -name '*.json' -o -name '*.yaml' \) -print \
+    | LC_ALL=C sort | xargs sha256sum) | sha256sum | cut -c1-16
 }
 
 build_cli() {  # OUTDIR
@@ -40,10 +40,10 @@ build_cli() {  # OUTDIR
   install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$out/"
 }
 
-# build_part NAME DIR BUILDER: build into ROOT/NAME-KEY unless already complete.
+# build_part NAME DIR BUILDER [PATH...]: build into ROOT/NAME-KEY unless already complete.
 build_part() {
   local name="$1" dir="$2" builder="$3" key out start
-  key="$(part_key "$dir")"; out="$root/$name-$key"
+  key="$(part_key "$dir" "${@:4}")"; out="$root/$name-$key"
   if [[ -f "$out/.complete" ]]; then
     echo "engine: $name reused ($out)" >&2
   else
@@ -59,10 +59,13 @@ build_part() {
   parts+=("$out")
 }
 
-wanted=" ${K3INFRA_ENGINE_PARTS:-pulumi kubernetes cluster} "
+subs=(); for f in "$here"/*/build.sh; do subs+=("$(basename "$(dirname "$f")")"); done
+wanted=" ${K3INFRA_ENGINE_PARTS:-pulumi ${subs[*]}} "
 parts=()
-if [[ "$wanted" == *" pulumi "* ]]; then build_part pulumi "$here" build_cli; fi
-for sub in kubernetes cluster; do
+if [[ "$wanted" == *" pulumi "* ]]; then
+  build_part pulumi "$here" build_cli go.mod go.sum build.sh langhost
+fi
+for sub in "${subs[@]}"; do
   if [[ "$wanted" == *" $sub "* && -x "$here/$sub/build.sh" ]]; then
     build_part "$sub" "$here/$sub" "$here/$sub/build.sh"
   fi
