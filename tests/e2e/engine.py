@@ -17,6 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Optional
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +134,36 @@ def read_manifests(directory: Path) -> list[dict]:
 def object_key(obj: dict) -> tuple:
     meta = obj.get("metadata", {})
     return (obj.get("apiVersion"), obj.get("kind"), meta.get("namespace"), meta.get("name"))
+
+
+# --- fixtures (imported by the test modules: a second conftest.py would shadow the suite's
+# own `conftest` module, which the unit tests import by name) -----------------------------
+
+@pytest.fixture(scope="session")
+def engine_bin() -> Path:
+    value = os.environ.get("K3INFRA_ENGINE_BIN")
+    if not value or not (Path(value) / "pulumi").exists():
+        pytest.skip("K3INFRA_ENGINE_BIN is not set to the engine bin dir: run `make e2e`")
+    bin_dir = Path(value)
+    out = subprocess.run([str(bin_dir / "pulumi"), "version"], capture_output=True, text=True)
+    print(f"\nengine: pulumi {out.stdout.strip()} from {bin_dir}")
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def pulumi_home(engine_bin, tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("pulumi-home")
+    install_provider(Pulumi(engine_bin, home, home / "unused", home))
+    return home
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    return copy_project(tmp_path / "k3")
+
+
+@pytest.fixture
+def pulumi(engine_bin, pulumi_home, project, tmp_path) -> Pulumi:
+    backend = tmp_path / "state"
+    backend.mkdir()
+    return Pulumi(engine_bin, pulumi_home, backend, project)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from engine import ROOT, Pulumi, object_key, read_manifests
+from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.e2e
 
