@@ -3,6 +3,7 @@ Prometheus's own parser) and selects only metrics in the checked list
 (k3infra/operations/metric_names.yaml), which agrees with the vLLM sources it names."""
 from __future__ import annotations
 
+import json
 import re
 
 import promql_parser
@@ -14,7 +15,7 @@ from k3infra.operations import monitoring as mon
 from k3infra.operations.metric_names import catalogue, exposed_names, series
 from k3infra.serving import manifests as m
 
-from conftest import GOOD_REVISION
+from conftest import GOOD_REVISION, ROOT
 
 IMAGE = "registry.example.com/k3/vllm@sha256:" + "1" * 64
 # What Grafana substitutes before a query reaches Prometheus.
@@ -100,6 +101,49 @@ def test_every_dashboard_query_uses_only_listed_metrics(receipt):
     known = exposed_names()
     for expr in dashboard_queries(receipt):
         assert queried_metrics(expr) <= known, f"{sorted(queried_metrics(expr) - known)} in {expr}"
+
+
+def committed_dashboard_queries() -> list[str]:
+    """Every query in charts/dashboards/kimi-k3-vllm.json (the file operators import):
+    panel targets and template variables, wherever they sit in the JSON."""
+    board = json.loads((ROOT / "charts" / "dashboards" / d.FILE_NAME).read_text())
+    found: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "expr" and isinstance(value, str):
+                    found.append(value)
+                elif key == "query" and isinstance(value, dict) and isinstance(value.get("query"), str):
+                    found.append(value["query"])
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(board)
+    return [promql(q) for q in found]
+
+
+def test_the_committed_dashboard_queries_only_what_the_pinned_engine_serves():
+    # The list holds the names the pinned (V1) engine serves and no fallbacks for older
+    # builds: a name that engine does not serve is a panel that is silently empty.
+    known = exposed_names()
+    queries = committed_dashboard_queries()
+    assert len(queries) >= 15
+    selected = set()
+    for expr in queries:
+        names = queried_metrics(expr)
+        assert names <= known, f"{sorted(names - known)} in {expr}"
+        selected |= names
+    assert "vllm:kv_cache_usage_perc" in selected
+    assert "vllm:gpu_cache_usage_perc" not in known     # renamed in 0.9, gone from V1
+
+
+def test_a_fallback_to_a_retired_name_would_be_caught():
+    expr = 'max by (pod) (vllm:kv_cache_usage_perc{a="b"} or vllm:gpu_cache_usage_perc{a="b"})'
+    assert queried_metrics(expr) - exposed_names() == {"vllm:gpu_cache_usage_perc"}
 
 
 def test_an_unlisted_metric_would_be_caught():

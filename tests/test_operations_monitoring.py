@@ -202,7 +202,7 @@ def test_kv_and_queue_thresholds_come_from_config():
     r = rules(cfg(monitoring={"kvCacheUsageThreshold": 0.97, "waitingRequestsThreshold": 4}))
     assert r["KimiK3KvCacheNearlyFull"]["expr"].endswith("> 0.97")
     assert "vllm:kv_cache_usage_perc" in r["KimiK3KvCacheNearlyFull"]["expr"]
-    assert "or vllm:gpu_cache_usage_perc" in r["KimiK3KvCacheNearlyFull"]["expr"]
+    assert "gpu_cache_usage_perc" not in r["KimiK3KvCacheNearlyFull"]["expr"]
     assert ") > 4) and (" in r["KimiK3QueueGrowing"]["expr"]
     assert "deriv(vllm:num_requests_waiting" in r["KimiK3QueueGrowing"]["expr"]
 

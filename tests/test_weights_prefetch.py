@@ -352,3 +352,60 @@ def test_second_prefetch_on_the_same_tree_waits_for_the_first(hub, tmp_path):
     worker.join(timeout=60)
     report = result["report"]
     assert report.ok and any("waiting for it" in line for line in report.lines)
+
+
+def test_overlap_hash_limit_leaves_a_core_per_running_download():
+    assert prefetch.overlap_hash_limit(2, 8) == 1        # this machine: one hashing thread
+    assert prefetch.overlap_hash_limit(32, 8) == 24
+    assert prefetch.overlap_hash_limit(4, 3) == 1
+    assert prefetch.overlap_hash_limit(4, 0) == 4        # downloads done: every thread
+    assert prefetch.overlap_hash_limit(1, 5) == 1        # always at least one
+
+
+def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_path, monkeypatch):
+    """A fetcher standing in for the Hub (no HTTP) and a slow hash: whenever a file starts
+    hashing, the files being hashed at once never exceed overlap_hash_limit of the
+    downloads then running; once the last download has landed, all threads hash."""
+    import threading
+
+    files = {f"model-{i:05d}.safetensors": os.urandom(4096 + i) for i in range(9)}
+    lock = tree.make_lock(REPO, "a" * 40, [FileEntry(p, len(d), hashlib.sha256(d).hexdigest())
+                                          for p, d in files.items()])
+    dest = tmp_path / "dest"
+    guard = threading.Lock()
+    state = {"downloading": 0, "hashing": 0}
+    seen: list[tuple[int, int]] = []                    # (downloads running, hashes at once)
+
+    def fetcher(entry):
+        with guard:
+            state["downloading"] += 1
+        try:
+            time.sleep(0.05)
+            (dest / entry.path).write_bytes(files[entry.path])
+        finally:
+            with guard:
+                state["downloading"] -= 1
+
+    real = tree.hash_file
+
+    def slow_hash(path, buf=None):
+        with guard:
+            state["hashing"] += 1
+            seen.append((state["downloading"], state["hashing"]))
+        try:
+            time.sleep(0.15)
+            return real(path, buf)
+        finally:
+            with guard:
+                state["hashing"] -= 1
+
+    monkeypatch.setattr(tree, "hash_file", slow_hash)
+    monkeypatch.delenv(prefetch.FREE_BYTES_ENV, raising=False)
+    report = prefetch.prefetch(lock, "0" * 64, str(dest), workers=4, download_workers=3,
+                               fetcher=fetcher, emit=None)
+    assert report.ok, report.problems
+    for downloading, hashing in seen:
+        assert hashing <= prefetch.overlap_hash_limit(4, downloading), seen
+    assert any(d > 0 for d, _ in seen)                   # hashing did overlap the downloads
+    assert max(h for d, h in seen if d == 0) > 1, seen   # and used every thread afterwards
+    assert report.hash_cpu_seconds >= 0 and "hashing CPU" in report.summary()

@@ -150,3 +150,35 @@ def test_revision_inferred_from_huggingface_local_dir_metadata(tmp_path):
     assert tree.revision_from_hf_metadata(str(tmp_path)) == REV
     (meta / "b.json.metadata").write_text(f"{'f' * 40}\netag\n1.0\n")
     assert tree.revision_from_hf_metadata(str(tmp_path)) is None   # two commits: no guess
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 3 * 65536 + 17])
+def test_hash_file_is_sha256_across_map_windows(tmp_path, monkeypatch, size):
+    # Windows of one 64 KiB granule: a file spans several, and ends mid-window.
+    monkeypatch.setattr(tree, "MAP_WINDOW", 65536)
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    result = tree.hash_file(str(path))
+    assert (result.sha256, result.size) == (hashlib.sha256(data).hexdigest(), size)
+    assert tree.stamp_of(result.before) == tree.stamp_of(result.after)
+
+
+def test_hash_file_reads_into_the_buffer_where_mmap_is_refused(tmp_path, monkeypatch):
+    import mmap
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")       # what a filesystem without mmap says
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    data = os.urandom(3 * tree.READ_SIZE + 5)
+    (tmp_path / "f").write_bytes(data)
+    result = tree.hash_file(str(tmp_path / "f"), bytearray(tree.READ_SIZE))
+    assert (result.sha256, result.size) == (hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_hash_file_refuses_a_symlink(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    with pytest.raises(OSError):
+        tree.hash_file(str(tmp_path / "link"))

@@ -82,7 +82,7 @@ def dashboard(receipt: Receipt) -> dict:
     gpus = receipt.measured_gpu.gpus_per_node
     gen = series("vllm:generation_tokens")
     prompt = series("vllm:prompt_tokens")
-    kv = f"({series('vllm:kv_cache_usage_perc')}{SEL} or {series('vllm:gpu_cache_usage_perc')}{SEL})"
+    kv = f"({series('vllm:kv_cache_usage_perc')}{SEL})"
     workload = receipt.workload_a
     panels = [
         _panel("Requests per second",

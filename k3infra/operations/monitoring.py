@@ -119,7 +119,7 @@ def alert_rules(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> li
     p99_s = p99_threshold_seconds(receipt, cfg)
     gpus = receipt.measured_gpu.gpus_per_node
     up = series("up")
-    kv = f"({series('vllm:kv_cache_usage_perc')}{sel} or {series('vllm:gpu_cache_usage_perc')}{sel})"
+    kv = f"({series('vllm:kv_cache_usage_perc')}{sel})"
     waiting = f"{series('vllm:num_requests_waiting')}{sel}"
     dcgm_ns, dcgm_pod = (("exported_namespace", "exported_pod") if mon.dcgm_exported_labels
                          else ("namespace", "pod"))

@@ -16,8 +16,10 @@ What a run does, in order:
    can be injected with K3_WEIGHTS_FREE_BYTES, for tests and for filesystems whose
    statvfs lies); otherwise a clear error and nothing is written.
 3. The marker is removed, then files are downloaded in parallel at the pinned revision
-   and each is hashed as soon as it lands while other downloads go on. A file that does
-   not hash to the lock is deleted and fetched again (3 downloads at most).
+   and each is hashed as soon as it lands while other downloads go on (while N downloads
+   run, at most max(1, hashing threads - N) files are hashed at once: the downloads keep
+   the CPU they need; see overlap_hash_limit). A file that does not hash to the lock is
+   deleted and fetched again (3 downloads at most).
 4. Resume: a plain-HTTP download goes to `.cache/huggingface/download/<path>.<sha256>.incomplete`
    inside DEST and a restarted run continues it with an HTTP Range request
    (huggingface_hub >= 1.0 deletes its own partial files on failure, so the partial
@@ -34,6 +36,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 from urllib.parse import urlsplit
@@ -134,6 +137,7 @@ class PrefetchReport:
     downloaded_bytes: int = 0
     reused_files: int = 0
     hashed_bytes: int = 0
+    hash_cpu_seconds: float = 0.0     # CPU time of the hashing threads
     seconds: float = 0.0
     marker: Optional[dict] = None
     notes: list = field(default_factory=list)
@@ -149,7 +153,8 @@ class PrefetchReport:
         return (f"prefetch {verdict}: {self.files} files, {verify._gb(self.bytes)} in {self.dest}; "
                 f"downloaded {self.downloaded_files} files / {verify._gb(self.downloaded_bytes)} "
                 f"({rate:.2f} GB/s overall), {self.reused_files} already verified, "
-                f"hashed {verify._gb(self.hashed_bytes)}; {self.seconds:.2f} s")
+                f"hashed {verify._gb(self.hashed_bytes)} (hashing CPU {self.hash_cpu_seconds:.2f} s); "
+                f"{self.seconds:.2f} s")
 
 
 class _DirLock:
@@ -347,6 +352,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     tries: dict[str, int] = {}
     pending: dict = {}
     landed: list[FileEntry] = []
+    to_hash: deque = deque()            # landed files waiting for a hashing slot
     in_flight: set = set()
     downloads = ThreadPoolExecutor(max_workers=max(1, download_workers), thread_name_prefix="k3-fetch")
     hasher = verify.Hasher(workers)
@@ -359,13 +365,22 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
         pending[downloads.submit(_after, delay, fetcher, entry)] = ("fetch", entry)
 
     def hash_(entry: FileEntry) -> None:
-        pending[hasher.submit(os.path.join(dest, entry.path))] = ("hash", entry)
+        to_hash.append(entry)
+
+    def start_hashing() -> None:
+        fetching = sum(1 for kind, _ in pending.values() if kind == "fetch")
+        hashing = len(pending) - fetching
+        while to_hash and hashing < overlap_hash_limit(hasher.workers, fetching):
+            entry = to_hash.popleft()
+            pending[hasher.submit(os.path.join(dest, entry.path))] = ("hash", entry)
+            hashing += 1
 
     for entry in plan.rehash:
         hash_(entry)
     for entry in plan.fetch + plan.replace:
         fetch(entry)
     try:
+        start_hashing()
         while pending:
             finished, _ = wait(list(pending), timeout=interval, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -379,6 +394,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                 for entry in landed:
                     hash_(entry)
                 landed.clear()
+            start_hashing()
             now = time.monotonic()
             if now - last_line >= interval:
                 last_line = now
@@ -393,8 +409,21 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     finally:
         downloads.shutdown(wait=True, cancel_futures=True)
         hasher.close()
+        report.hash_cpu_seconds += hasher.cpu_seconds
         verify.save_state(dest, good)
     report.problems.sort(key=lambda p: p.path)
+
+
+def overlap_hash_limit(workers: int, fetching: int) -> int:
+    """Files hashed at once while `fetching` downloads run. The HTTP client is CPU-bound
+    as well (huggingface_hub reads bodies in small pieces under the GIL, then writes and
+    fsyncs): hashing on every core would take the CPU the downloads need, and on a busy
+    link that costs more than the overlap saves (measured: benchmarks/weights_bench.py).
+    So each running download keeps a core, one file is always hashed, and once the last
+    download has landed every hashing thread runs."""
+    if fetching <= 0:
+        return workers
+    return max(1, workers - fetching)
 
 
 def _after(delay: float, fetcher, entry: FileEntry) -> None:
