@@ -72,6 +72,7 @@ class Cluster:
     version: dict  # the server's /version document
     start_seconds: float  # from the first process started to ready
     workdir: Path  # certificates, etcd data, one log file per process
+    bin_dir: Path  # the binaries, and crds/ (the Prometheus Operator CRDs build.sh made)
 
     @property
     def git_version(self) -> str:
@@ -88,6 +89,44 @@ class Cluster:
     def env(self) -> dict[str, str]:
         """Environment for a child process (pulumi, k3infra) that must use this cluster."""
         return {"KUBECONFIG": str(self.kubeconfig)}
+
+    def has_prometheus_crds(self) -> bool:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        with self.api_client() as api_client:
+            try:
+                client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
+                    "servicemonitors.monitoring.coreos.com")
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+        return True
+
+    def install_prometheus_crds(self, timeout: float = 60.0) -> list[str]:
+        """Create the pinned Prometheus Operator CRDs (bin_dir/crds/) and wait until the
+        server serves them. Cluster-wide: a session installs them once."""
+        import yaml
+        from kubernetes import client
+
+        names = []
+        with self.api_client() as api_client:
+            ext = client.ApiextensionsV1Api(api_client)
+            for path in sorted((self.bin_dir / "crds").glob("*.yaml")):
+                crd = yaml.safe_load(path.read_text())
+                ext.create_custom_resource_definition(crd)
+                names.append(crd["metadata"]["name"])
+            deadline = time.monotonic() + timeout
+            for name in names:
+                while not any(c.type == "Established" and c.status == "True" for c in
+                              ext.read_custom_resource_definition(name).status.conditions or []):
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"CRD {name} not Established after {timeout:.0f} s")
+                    time.sleep(0.25)
+        if not names:
+            raise ClusterError(f"no CRDs in {self.bin_dir / 'crds'}: run build.sh again")
+        return names
 
 
 # --- processes -----------------------------------------------------------------------
@@ -348,6 +387,7 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
             version=json.loads(body),
             start_seconds=time.monotonic() - started,
             workdir=workdir,
+            bin_dir=bin_dir,
         )
     finally:
         procs.stop()
