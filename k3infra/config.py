@@ -4,6 +4,10 @@ Loaded from Pulumi config by the stack program, and from `stacks/Pulumi.<stack>.
 plus `--config KEY=VALUE` overrides by `k3infra render`. Invalid input raises
 `ConfigError` naming the key, the value and what is accepted, before any resource is
 registered. No Pulumi import here: the same parser serves both paths.
+
+The receipt is an explicit argument of `parse_stack_config`: defaults that come from
+it (k3:gpuProduct, k3:benchmark.concurrencies) and the surface allow-list are read from
+the receipt the caller deploys, so a custom receipt validates against itself.
 """
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from k3infra.receipt import load_receipt
+from k3infra.receipt import Receipt
 
-NAMESPACE = "k3"
+# The Pulumi config namespace of every key (`k3:weightsRevision`); not a Kubernetes
+# namespace (that is k3:namespace, by default the component's instance name).
+CONFIG_NAMESPACE = "k3"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DIGEST_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -499,7 +505,8 @@ class BenchmarkConfig(_Section):
     """The optional in-cluster benchmark Job (k3:benchmark)."""
 
     enabled: bool = False
-    concurrencies: list[int] = Field(default_factory=lambda: list(load_receipt().workload_a.concurrencies))
+    # None: the receipt's grid (filled in by parse_stack_config from the receipt given).
+    concurrencies: Optional[list[int]] = None
     # The receipt's grid is repeated this many times (its two runs agreed within 0.4 %);
     # every run and every request gets its own prompt.
     runs: int = Field(default=2, ge=1, le=10)
@@ -519,7 +526,9 @@ class BenchmarkConfig(_Section):
 
     @field_validator("concurrencies")
     @classmethod
-    def _positive_unique(cls, v: list[int]) -> list[int]:
+    def _positive_unique(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+        if v is None:
+            return v
         if not v or any(c < 1 for c in v) or len(set(v)) != len(v):
             raise ValueError("must be a non-empty list of distinct integers >= 1")
         return v
@@ -655,8 +664,8 @@ class StackConfig(_Section):
     """All `k3:*` keys. Field aliases are the config key names."""
 
     weights_revision: str = Field(alias="weightsRevision")
-    gpu_product: str = Field(default_factory=lambda: load_receipt().hardware.gpu_product_label,
-                             alias="gpuProduct")
+    # None: the receipt's GPU (filled in by parse_stack_config from the receipt given).
+    gpu_product: Optional[str] = Field(default=None, alias="gpuProduct")
     gpu_memory_gib: Optional[float] = Field(default=None, gt=0, alias="gpuMemoryGib")
     engine_image: Optional[str] = Field(default=None, alias="engineImage")
     replicas: int = Field(default=1, ge=1)
@@ -664,7 +673,9 @@ class StackConfig(_Section):
     api_key: Secret = Field(alias="apiKey")
     hf_token: Optional[Secret] = Field(default=None, alias="hfToken")
     accept_model_license: bool = Field(default=False, alias="acceptModelLicense")
-    namespace: str = "k3"
+    # None: the component's instance name (k3infra.naming), so two instances never
+    # share a namespace by default.
+    namespace: Optional[str] = None
     served_model_name: str = Field(default="kimi-k3", alias="servedModelName")
     surface: SurfaceConfig = Field(default_factory=SurfaceConfig)
     custom: CustomConfig = Field(default_factory=CustomConfig)
@@ -693,8 +704,8 @@ class StackConfig(_Section):
 
     @field_validator("namespace")
     @classmethod
-    def _dns_label(cls, v: str) -> str:
-        if not DNS_LABEL_RE.match(v) or len(v) > 63:
+    def _dns_label(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not DNS_LABEL_RE.match(v) or len(v) > 63:
             raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
         return v
 
@@ -722,7 +733,7 @@ class StackConfig(_Section):
 def _error_key(loc: tuple) -> str:
     """pydantic location -> the config key a user typed (`k3:serving.shmSizeGi`)."""
     parts = [str(p) for p in loc if not isinstance(p, int)]
-    return f"{NAMESPACE}:" + ".".join(parts) if parts else NAMESPACE
+    return f"{CONFIG_NAMESPACE}:" + ".".join(parts) if parts else CONFIG_NAMESPACE
 
 
 def _accepted(err: dict) -> str:
@@ -742,12 +753,14 @@ def _decode(key: str, value: Any) -> Any:
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{NAMESPACE}:{key}", value, f"is not valid JSON ({exc.msg})")
+            raise ConfigError(f"{CONFIG_NAMESPACE}:{key}", value, f"is not valid JSON ({exc.msg})")
     return value
 
 
-def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -> StackConfig:
-    """Validate `k3:*` keys (full `k3:name` or bare `name`) into a StackConfig.
+def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *,
+                       receipt: Receipt) -> StackConfig:
+    """Validate `k3:*` keys (full `k3:name` or bare `name`) into a StackConfig, against
+    `receipt` (its defaults and allow-lists).
 
     Unknown keys are refused (a typo must not silently fall back to a default). Values
     of secret keys are wrapped before validation so no error message can print them.
@@ -755,7 +768,7 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -
     data: dict[str, Any] = {}
     for full_key, value in raw.items():
         ns, _, key = full_key.rpartition(":")
-        if ns and ns != NAMESPACE:
+        if ns and ns != CONFIG_NAMESPACE:
             continue
         if key in SECRET_KEYS or full_key in secret_keys or key in secret_keys:
             value = Secret(value) if value not in (None, "") else value
@@ -765,7 +778,7 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -
     known = {f.alias or n for n, f in StackConfig.model_fields.items()}
     for key in data:
         if key not in known:
-            raise ConfigError(f"{NAMESPACE}:{key}", data[key],
+            raise ConfigError(f"{CONFIG_NAMESPACE}:{key}", data[key],
                               f"is not a known key; known keys: {', '.join(sorted(known))}")
     try:
         cfg = StackConfig.model_validate(data)
@@ -776,12 +789,22 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = ()) -
         if value is not None and key.split(":", 1)[1].split(".")[0] in SECRET_KEYS:
             value = Secret(value)
         raise ConfigError(key, value, _accepted(err)) from None
-    _check_cross_fields(cfg)
+    cfg = _receipt_defaults(cfg, receipt)
+    _check_cross_fields(cfg, receipt)
     return cfg
 
 
-def _check_cross_fields(cfg: StackConfig) -> None:
-    receipt = load_receipt()
+def _receipt_defaults(cfg: StackConfig, receipt: Receipt) -> StackConfig:
+    update: dict[str, Any] = {}
+    if cfg.gpu_product is None:
+        update["gpu_product"] = receipt.hardware.gpu_product_label
+    if cfg.benchmark.concurrencies is None:
+        update["benchmark"] = cfg.benchmark.model_copy(
+            update={"concurrencies": list(receipt.workload_a.concurrencies)})
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
     if cfg.serving.update_partition > cfg.replicas:
         raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
                           f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")
@@ -867,7 +890,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         raise ConfigError("--config", assignment, "takes KEY=VALUE")
     key, value = assignment.split("=", 1)
     if ":" not in key:
-        key = f"{NAMESPACE}:{key}"
+        key = f"{CONFIG_NAMESPACE}:{key}"
     top, *path = key.split(".")
     parsed: Any = value
     if value in ("true", "false"):

@@ -1,10 +1,12 @@
 """Deployment gates: conditions that warn in a preview or an offline render and refuse
 an update (`pulumi up`). Shipped stacks carry placeholders and do not accept the model
 licence on the user's behalf, so they render everywhere but cannot be deployed as-is.
+
+Whether a run is an offline render is passed explicitly by the renderer
+(`K3ServingStack(..., offline_render=True)`); nothing here reads the environment.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import pulumi
@@ -12,8 +14,6 @@ import pulumi
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 
-# Set by `k3infra render`: an offline render is never an update.
-OFFLINE_RENDER_ENV = "K3INFRA_OFFLINE_RENDER"
 PLACEHOLDER_HEX = "0" * 64
 
 
@@ -63,18 +63,19 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
     return gates
 
 
-def is_update() -> bool:
+def is_update(offline_render: bool = False) -> bool:
+    """`pulumi up` (not a preview), unless the caller says this is an offline render."""
     import pulumi
 
-    return not pulumi.runtime.is_dry_run() and os.environ.get(OFFLINE_RENDER_ENV) != "1"
+    return not offline_render and not pulumi.runtime.is_dry_run()
 
 
-def enforce(gates: list[Gate]) -> None:
+def enforce(gates: list[Gate], offline_render: bool = False) -> None:
     """Warn about every gate; on an update, refuse if any refusing gate is open."""
     import pulumi
 
     refusing = [g for g in gates if g.refuses]
     for g in gates:
         pulumi.log.warn(f"{g.key}: {g.message}")
-    if refusing and is_update():
+    if refusing and is_update(offline_render):
         raise GateError("refusing to update: " + "; ".join(f"{g.key}: {g.message}" for g in refusing))

@@ -1,11 +1,18 @@
 """Register manifest dicts (from the pure builders) as pulumi-kubernetes resources.
 
 One mapping from apiVersion/kind to the typed resource class; anything not in it (CRDs
-such as ServiceMonitor) becomes a CustomResource.
+such as ServiceMonitor) becomes a CustomResource. A manifest may be an Output (built from
+a config with wired Inputs, k3infra.inputs); its apiVersion and kind are then taken from
+the plain build, which has the same shape.
+
+Which cluster: the `provider`/`providers` resource option of the enclosing component
+reaches every object through `parent` (Pulumi's own inheritance); nothing here picks a
+kubeconfig. `child_options` carries the component's `depends_on` to each child, so the
+state records the edge on the object that needs it, not only on the component.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -30,20 +37,55 @@ _TOP_LEVEL = ("spec", "data", "stringData", "type", "immutable",
               "imagePullSecrets")
 
 
-def apply_manifest(logical_name: str, manifest: dict[str, Any],
-                   opts: Optional[pulumi.ResourceOptions] = None) -> pulumi.CustomResource:
-    """Register one Kubernetes object; `logical_name` is its Pulumi name."""
-    key = (manifest["apiVersion"], manifest["kind"])
+def apply_manifest(logical_name: str, manifest: Union[dict[str, Any], pulumi.Output],
+                   opts: Optional[pulumi.ResourceOptions] = None,
+                   shape: Optional[dict[str, Any]] = None) -> pulumi.CustomResource:
+    """Register one Kubernetes object; `logical_name` is its Pulumi name. An Output
+    manifest needs `shape`: a plain manifest of the same kind and keys."""
+    plain = manifest if isinstance(manifest, dict) else shape
+    if plain is None:
+        raise TypeError(f"{logical_name}: an Output manifest needs its plain shape")
+
+    def field(key: str) -> Any:
+        if isinstance(manifest, dict):
+            return manifest.get(key)
+        return manifest.apply(lambda m: m.get(key))
+
+    key = (plain["apiVersion"], plain["kind"])
     cls = _TYPED.get(key)
     if cls is None:
         return k8s.apiextensions.CustomResource(
-            logical_name, api_version=manifest["apiVersion"], kind=manifest["kind"],
-            metadata=manifest["metadata"],
-            spec=manifest.get("spec"), opts=opts,
-            **{k: v for k, v in manifest.items()
-               if k not in ("apiVersion", "kind", "metadata", "spec")})
-    kwargs = {_snake(k): v for k, v in manifest.items() if k in _TOP_LEVEL}
-    return cls(logical_name, metadata=manifest["metadata"], opts=opts, **kwargs)
+            logical_name, api_version=plain["apiVersion"], kind=plain["kind"],
+            metadata=field("metadata"),
+            spec=field("spec") if "spec" in plain else None, opts=opts,
+            **{k: field(k) for k in plain if k not in ("apiVersion", "kind", "metadata", "spec")})
+    kwargs = {_snake(k): field(k) for k in plain if k in _TOP_LEVEL}
+    return cls(logical_name, metadata=field("metadata"), opts=opts, **kwargs)
+
+
+def apply_built(logical_name: str, inputs: Any, build: Callable[[Any], dict[str, Any]],
+                opts: Optional[pulumi.ResourceOptions] = None) -> pulumi.CustomResource:
+    """Register `build(config)`: from the plain config, or (when an Input was wired) from
+    the config resolved inside apply (`inputs`: a k3infra.inputs.StackInputs)."""
+    shape = build(inputs.plain)
+    return apply_manifest(logical_name, inputs.build(build) if inputs.resolved is not None
+                          else shape, opts, shape)
+
+
+def outer_depends_on(opts: Optional[pulumi.ResourceOptions]) -> list:
+    """The `depends_on` a component was given, as a list."""
+    deps = opts.depends_on if opts is not None else None
+    if deps is None:
+        return []
+    return list(deps) if isinstance(deps, (list, tuple)) else [deps]
+
+
+def child_options(parent: pulumi.Resource, opts: Optional[pulumi.ResourceOptions],
+                  *depends_on: Any, **extra: Any) -> pulumi.ResourceOptions:
+    """Options of a child: parent (so the provider is inherited), the component's own
+    depends_on plus `depends_on`, and any other option in `extra`."""
+    deps = [*outer_depends_on(opts), *depends_on]
+    return pulumi.ResourceOptions(parent=parent, depends_on=deps or None, **extra)
 
 
 def _snake(key: str) -> str:

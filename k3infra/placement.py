@@ -6,18 +6,19 @@ from __future__ import annotations
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"     # set by GPU feature discovery
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT_KEY = "nvidia.com/gpu"                 # the usual taint on GPU nodes
-POOL_LABEL = "k3infra.dev/pool"                  # set by k3infra's node pools
-POOL_VALUE = "kimi-k3-b300"
+POOL_LABEL = "k3infra.dev/pool"                  # set by k3infra's node pools; value:
+                                                 # the instance (k3infra.naming)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Nodes for in-cluster engine builds alone: labelled and tainted with this key = "true".
 BUILD_NODE_KEY = "k3infra.dev/engine-build"
 
 
-def node_labels(gpu_product: str | None = None) -> dict[str, str]:
-    """Labels a k3infra node pool puts on its nodes. The GPU product label normally comes
-    from GPU feature discovery; a pool whose platform runs no GFD we control (CoreWeave)
-    passes `gpu_product` so the same affinity still matches its nodes."""
-    labels = {POOL_LABEL: POOL_VALUE}
+def node_labels(pool: str, gpu_product: str | None = None) -> dict[str, str]:
+    """Labels a k3infra node pool puts on its nodes (`pool`: the instance's pool label
+    value). The GPU product label normally comes from GPU feature discovery; a pool whose
+    platform runs no GFD we control (CoreWeave) passes `gpu_product` so the same affinity
+    still matches its nodes."""
+    labels = {POOL_LABEL: pool}
     if gpu_product is not None:
         labels[GPU_PRODUCT_LABEL] = gpu_product
     return labels
@@ -38,12 +39,13 @@ def tolerations() -> list[dict[str, str]]:
     return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in node_taints()]
 
 
-def node_affinity(gpu_products: list[str], require_pool_label: bool) -> dict:
-    """Required affinity: a GPU product from the accepted set (and the k3infra pool's
-    label when k3infra created the pool; bring-your-own nodes only carry GFD labels)."""
+def node_affinity(gpu_products: list[str], pool: str | None) -> dict:
+    """Required affinity: a GPU product from the accepted set (and the instance's pool
+    label `pool` when k3infra created the pool; bring-your-own nodes, pool None, only
+    carry GFD labels)."""
     expressions = [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(gpu_products)}]
-    if require_pool_label:
-        expressions.append({"key": POOL_LABEL, "operator": "In", "values": [POOL_VALUE]})
+    if pool is not None:
+        expressions.append({"key": POOL_LABEL, "operator": "In", "values": [pool]})
     return {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": expressions}]}}
 

@@ -17,7 +17,7 @@ from typing import Optional
 from k3infra.config import ConfigError, StackConfig
 from k3infra.hbm import HbmError, hbm_fit
 from k3infra.nodepool.base import node_sku, pool_spec
-from k3infra.receipt import Receipt, load_receipt
+from k3infra.receipt import Receipt
 
 
 class PreflightError(ConfigError):
@@ -138,16 +138,15 @@ def pool_summary(cfg: StackConfig, receipt: Receipt) -> Check:
                          f"{spec.labels}, {operator}")
 
 
-def run_preflight(cfg: StackConfig, receipt: Optional[Receipt] = None,
+def run_preflight(cfg: StackConfig, receipt: Receipt,
                   lock_total_bytes: Optional[int] = None) -> list[Check]:
     """All checks in order; the first failure raises PreflightError."""
-    receipt = receipt or load_receipt()
     return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
             check_node_count(cfg, receipt), check_local_nvme(cfg, receipt, lock_total_bytes),
             check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt)]
 
 
-def preflight_report(cfg: StackConfig, receipt: Optional[Receipt] = None,
+def preflight_report(cfg: StackConfig, receipt: Receipt,
                      lock_total_bytes: Optional[int] = None) -> list[str]:
     """One line per passed check (what render prints); raises on the first failure."""
     return [c.line() for c in run_preflight(cfg, receipt, lock_total_bytes)]

@@ -1,31 +1,53 @@
-"""The stack program (`__main__.py`): Pulumi config -> K3ServingStack -> stack outputs."""
+"""The stack program (`__main__.py`): Pulumi config -> one cluster provider, the cluster
+add-ons, one K3ServingStack instance -> stack outputs."""
 from __future__ import annotations
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from k3infra.config import NAMESPACE
+from k3infra.config import CONFIG_NAMESPACE
+
+# The instance name of the stack program's K3ServingStack: Kubernetes names derive from
+# it (k3infra.naming); k3:namespace defaults to it.
+INSTANCE = "kimi-k3"
 
 
 def read_k3_config() -> tuple[dict[str, str], list[str]]:
     """All `k3:*` keys Pulumi passed to this program, and which of them are secrets."""
     keys = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-    raw = {k: runtime_config.get_config(k) for k in keys if k.startswith(f"{NAMESPACE}:")}
+    raw = {k: runtime_config.get_config(k) for k in keys
+           if k.startswith(f"{CONFIG_NAMESPACE}:")}
     secret = [k for k in raw if runtime_config.is_config_secret(k)]
     return raw, secret
 
 
-def run() -> None:
+def run(offline_render: bool = False) -> None:
+    """`offline_render`: passed by `k3infra render` only (see `__main__.py`)."""
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.engine.result import EngineBuildError
     from k3infra.gates import GateError
     from k3infra.hbm import HbmError
+    from k3infra.nodepool.base import pool_spec
+    from k3infra.nodepool.cluster_access import cluster_provider
+    from k3infra.nodepool.cluster_addons import ClusterAddons
+    from k3infra.receipt import load_receipt
     from k3infra.stack import K3ServingStack
 
     try:
+        receipt = load_receipt()
         raw, secret = read_k3_config()
-        cfg = parse_stack_config(raw, tuple(secret))
-        stack = K3ServingStack(NAMESPACE, cfg)
+        cfg = parse_stack_config(raw, tuple(secret), receipt=receipt)
+        # Nodes and Kubernetes objects go to one cluster: the one the pool targets (aws,
+        # oci, nebius); elsewhere the stack's default kubernetes provider (kubernetes:*).
+        k8s = cluster_provider(f"{INSTANCE}-cluster", cfg)
+        providers = [k8s] if k8s is not None else None
+        depends_on = []
+        if pool_spec(cfg, receipt).gpu_operator:
+            depends_on.append(ClusterAddons("cluster-addons", cfg, receipt,
+                                            pulumi.ResourceOptions(providers=providers)))
+        stack = K3ServingStack(INSTANCE, cfg,
+                               pulumi.ResourceOptions(providers=providers, depends_on=depends_on),
+                               receipt=receipt, offline_render=offline_render)
     except (ConfigError, GateError, HbmError, EngineBuildError) as exc:
         # The CLI prints a RunError's message alone: a refusal is not a crash, and a
         # Python traceback would bury the key, the value and what is accepted.

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from k3infra.config import (NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
+from k3infra.config import (CONFIG_NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
                             read_stack_file, stack_file, stack_names, to_pulumi_config)
 
+# `__main__.py` reads this global of its own run; only the renderer sets it.
+RENDER_MODE_GLOBAL = "__k3infra_render_mode__"
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"   # pulumi's secret wrapper signature key
 
 
@@ -46,7 +48,7 @@ class Render:
         return [r for r in self.resources if r["type"] == typ]
 
     def plan(self) -> dict:
-        return {"stack": self.stack, "project": NAMESPACE,
+        return {"stack": self.stack, "project": CONFIG_NAMESPACE,
                 "config": {k: (SECRET_PLACEHOLDER if k in self.secret_keys else v)
                            for k, v in self.raw_config.items()},
                 "resources": self.resources, "outputs": self.outputs,
@@ -93,7 +95,7 @@ def load_config(stack: str, overrides: list[str], root: Path) -> tuple[dict, lis
     secrets += [k for k in raw if k.rpartition(":")[2] in SECRET_KEYS and k not in secrets]
     # Templates carry no ciphertext: a render shows the API key it never needs as [secret];
     # the real CLI refuses the stack until `pulumi config set --secret k3:apiKey` ran.
-    api_key = f"{NAMESPACE}:apiKey"
+    api_key = f"{CONFIG_NAMESPACE}:apiKey"
     if api_key not in raw:
         raw[api_key] = SECRET_PLACEHOLDER
         secrets.append(api_key)
@@ -111,8 +113,6 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
     from pulumi.runtime.proto import resource_pb2  # noqa: F401  (loads the protos)
     from pulumi.runtime import rpc
 
-    from k3infra.gates import OFFLINE_RENDER_ENV
-
     result = Render(stack, raw, list(secret_keys))
 
     class Recorder(MockMonitor):
@@ -123,6 +123,8 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
                 result.resources.append({
                     "type": request.type, "name": request.name, "urn": response.urn,
                     "parent": request.parent or None,
+                    # The provider reference ("<urn>::<id>") the resource was sent with.
+                    "provider": request.provider or None,
                     "dependsOn": list(request.dependencies),
                     "customTimeouts": {k: getattr(timeouts, k) for k in ("create", "update", "delete")
                                        if getattr(timeouts, k)},
@@ -147,19 +149,20 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
     logger = logging.getLogger(f"k3infra.render.{stack}")
     logger.propagate = False
     logger.handlers = [Warnings()]
-    previous_env = os.environ.get(OFFLINE_RENDER_ENV)
-    os.environ[OFFLINE_RENDER_ENV] = "1"
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         runtime_config.set_all_config(to_pulumi_config(raw), list(secret_keys))
         monitor_mocks = Outputs()
-        pulumi.runtime.set_mocks(monitor_mocks, project=NAMESPACE, stack=stack, preview=False,
+        pulumi.runtime.set_mocks(monitor_mocks, project=CONFIG_NAMESPACE, stack=stack, preview=False,
                                  logger=logger, monitor=Recorder(monitor_mocks))
         root_stack = pulumi.runtime.get_root_resource()
         try:
-            _sync_await(run_pulumi_func(lambda: runpy.run_path(str(root / "__main__.py"),
-                                                               run_name="__main__")))
+            # The render mode is handed to the program explicitly (a global of its run),
+            # never through the environment: `pulumi up` cannot inherit it.
+            _sync_await(run_pulumi_func(lambda: runpy.run_path(
+                str(root / "__main__.py"), run_name="__main__",
+                init_globals={RENDER_MODE_GLOBAL: "offline"})))
         except pulumi.RunError as exc:
             # The program wraps k3infra's refusals for the CLI; a render raises the refusal.
             raise (exc.__cause__ or exc) from None
@@ -170,10 +173,6 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
         runtime_config.set_all_config({}, [])
         loop.close()
         asyncio.set_event_loop(None)
-        if previous_env is None:
-            os.environ.pop(OFFLINE_RENDER_ENV, None)
-        else:
-            os.environ[OFFLINE_RENDER_ENV] = previous_env
     return result
 
 
@@ -188,7 +187,9 @@ def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = N
     root = root or project_root()
     raw, secrets = load_config(stack, list(overrides), root)
     # Validate first: a clear ConfigError beats a traceback from inside the program.
-    parse_stack_config(raw, tuple(secrets))
+    from k3infra.receipt import load_receipt
+
+    parse_stack_config(raw, tuple(secrets), receipt=load_receipt())
     cwd = os.getcwd()
     os.chdir(root)       # relative paths in config (lock files) resolve like under `pulumi`
     try:

@@ -1,60 +1,69 @@
 """`K3ServingStack`: namespace + weights + serving (and the node pool, engine build,
-benchmark and operations parts), composed from the `k3:*` config keys.
+benchmark and operations parts) for one instance, composed from the `k3:*` keys.
 
     from k3infra import K3ServingStack, K3ServingStackArgs
-    stack = K3ServingStack("k3", K3ServingStackArgs(weightsRevision="<40 hex>",
-                                                    apiKey=pulumi.Output.secret(key), ...))
+    from k3infra.receipt import load_receipt
+    stack = K3ServingStack(
+        "kimi-k3",
+        K3ServingStackArgs(weightsRevision="<40 hex>", apiKey=password.result,
+                           engineImage=image.ref,
+                           nodePool={"provider": "aws", "aws": {"clusterName": cluster.name, ...}}),
+        pulumi.ResourceOptions(provider=k8s_provider),
+        receipt=load_receipt())
 
-Args are the same keys as the stack config (without the `k3:` prefix), validated before
-any resource is registered.
+Args are the stack config keys (without the `k3:` prefix). The keys listed in
+`k3infra.inputs.WIREABLE` (weightsRevision, engineImage, the cloud pool's ids) and the
+secrets (apiKey, hfToken) accept `pulumi.Input`s: plain values are validated before any
+resource is registered, Output values inside `apply` with the same messages. The
+`provider`/`providers` option reaches every child (Kubernetes objects and cloud
+resources). Kubernetes names derive from the instance name (k3infra.naming).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, TypedDict
+from typing import Any, Mapping, Optional, TypedDict, Union
 
 import pulumi
 
-from k3infra import gates
-from k3infra.config import StackConfig, parse_stack_config
+from k3infra import gates, naming
+from k3infra.config import StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.hbm import hbm_fit
-from k3infra.kube import apply_manifest
+from k3infra.inputs import StackInputs, stack_inputs
+from k3infra.kube import apply_manifest, child_options
 from k3infra.nodepool.component import B300NodePool
 from k3infra.operations.component import ServingOperations
 from k3infra.preflight import run_preflight
-from k3infra.receipt import Receipt, load_receipt
+from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.component import VllmServing
 from k3infra.weights.component import WeightsPrefetch
-from k3infra.weights.lockcheck import load_stack_lock
+from k3infra.weights.lockcheck import check_lock_revision, load_stack_lock
 
 
 class K3ServingStackArgs(TypedDict, total=False):
-    """The `k3:*` keys (see Pulumi.yaml and docs/configuration.md for each one)."""
+    """The `k3:*` keys (see Pulumi.yaml and docs/configuration.md for each one).
+    `pulumi.Input` where a value usually comes from another resource."""
 
-    weightsRevision: str          # 40-hex Hub commit of moonshotai/Kimi-K3 (required)
-    apiKey: Any                   # secret: the vLLM API key (required)
-    hfToken: Any                  # secret: HF token, when the repo is gated
-    gpuProduct: str               # GPU feature discovery product label
-    gpuMemoryGib: float           # per-GPU memory, only for products not in the receipt
-    engineImage: str              # repo@sha256:<64 hex> (prebuilt / upstream)
-    replicas: int                 # serving replicas = 8-GPU nodes
-    profile: str                  # measured | upstream | custom
-    acceptModelLicense: bool      # Kimi K3 License acknowledgement
-    namespace: str
+    weightsRevision: pulumi.Input[str]   # 40-hex Hub commit of moonshotai/Kimi-K3 (required)
+    apiKey: pulumi.Input[str]            # secret: the vLLM API key (required)
+    hfToken: pulumi.Input[str]           # secret: HF token, when the repo is gated
+    engineImage: pulumi.Input[str]       # repo@sha256:<64 hex> (prebuilt / upstream)
+    gpuProduct: str                      # GPU feature discovery product label
+    gpuMemoryGib: float                  # per-GPU memory, only for products not in the receipt
+    replicas: int                        # serving replicas = 8-GPU nodes
+    profile: str                         # measured | upstream | custom
+    acceptModelLicense: bool             # Kimi K3 License acknowledgement
+    namespace: str                       # default: the instance name
     servedModelName: str
-    surface: dict                 # allow-listed serving-surface args / env
-    custom: dict                  # engine-path changes (profile custom only)
+    surface: dict                        # allow-listed serving-surface args / env
+    custom: dict                         # engine-path changes (profile custom only)
     serving: dict
     weights: dict
     engine: dict
-    nodePool: dict
+    nodePool: dict                       # cloud ids inside accept Inputs (inputs.WIREABLE)
     benchmark: dict
     monitoring: dict
     network: dict
-
-
-BASE = m.APP   # Kubernetes object names inside the namespace
 
 
 class K3ServingStack(pulumi.ComponentResource):
@@ -74,39 +83,63 @@ class K3ServingStack(pulumi.ComponentResource):
     profile: pulumi.Output[str]
     license_name: pulumi.Output[str]
 
-    def __init__(self, name: str, args: K3ServingStackArgs,
-                 opts: Optional[pulumi.ResourceOptions] = None,
-                 receipt: Optional[Receipt] = None):
+    def __init__(self, name: str, args: Union[K3ServingStackArgs, Mapping[str, Any], StackConfig],
+                 opts: Optional[pulumi.ResourceOptions] = None, *,
+                 receipt: Receipt, offline_render: bool = False):
+        """`receipt`: what "measured" means for this instance (required, explicit).
+        `offline_render`: set by `k3infra render` only; gates then warn instead of refusing
+        and builds show placeholder digests. `pulumi up` never sets it."""
         # Everything that can refuse does so before the first registration.
-        receipt = receipt or load_receipt()
-        cfg = args if isinstance(args, StackConfig) else parse_stack_config(dict(args))
+        if not isinstance(receipt, Receipt):
+            raise TypeError("K3ServingStack: receipt= must be the Receipt this instance deploys "
+                            "(k3infra.receipt.load_receipt() for the shipped one)")
+        instance = naming.check_instance_name(name)
+        lock_holder: dict[str, Any] = {}
+
+        def check_resolved(c: StackConfig, wired: frozenset) -> None:
+            # Wired values are checked like plain ones: the lock's revision, the
+            # placeholder gates of the wired keys.
+            check_lock_revision(lock_holder.get("lock"), c)
+            gates.enforce([g for g in gates.deployment_gates(receipt, c)
+                           if g.key.split(":", 1)[1] in wired], offline_render)
+
+        inputs = (StackInputs(args) if isinstance(args, StackConfig)
+                  else stack_inputs(dict(args), receipt, check_resolved))
+        if inputs.plain.namespace is None:
+            inputs = inputs.with_plain(lambda c: c.model_copy(update={"namespace": instance}))
+        cfg = inputs.plain
         self.config = cfg
+        self.inputs = inputs
         self.fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
         m.check_shutdown(receipt, cfg)
-        lock = load_stack_lock(receipt, cfg)
+        lock = load_stack_lock(receipt, cfg, check_revision=not inputs.is_wired("weightsRevision"))
+        lock_holder["lock"] = lock
         resolve_engine(receipt, cfg)      # k3:engine / k3:profile refusals, before anything
-        gates.enforce(gates.deployment_gates(receipt, cfg) + engine_gates(cfg))
+        gates.enforce([g for g in gates.deployment_gates(receipt, cfg)
+                       if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(cfg),
+                      offline_render)
         self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
 
         super().__init__("k3infra:index:K3ServingStack", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        # Nodes + GPU add-ons first; weights and serving wait for them (k3:nodePool).
-        self.pool = B300NodePool(f"{name}-pool", cfg, receipt, child)
-        names = m.ServingNames(BASE, cfg.namespace)
-        instance = name
+        # Children carry this component's depends_on (e.g. ClusterAddons) themselves.
+        self.pool = B300NodePool(f"{name}-pool", inputs, receipt, child_options(self, opts),
+                                 instance=instance)
+        names = m.ServingNames(instance, cfg.namespace)
 
         ns = apply_manifest(f"{name}-namespace",
-                            m.namespace(cfg.namespace, instance, m.pod_security_level(cfg)), child)
-        in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
+                            m.namespace(cfg.namespace, instance, m.pod_security_level(cfg)),
+                            child_options(self, opts))
+        in_ns = child_options(self, opts, ns)
         # NetworkPolicies first (no pod of the stack runs unpoliced), then the metrics
         # objects and dashboard that k3:monitoring asks for.
-        self.operations = ServingOperations(f"{name}-operations", receipt, cfg, names, instance, in_ns)
+        self.operations = ServingOperations(f"{name}-operations", receipt, inputs, names,
+                                            instance, in_ns)
 
         # The engine image by digest: k3:engineImage, or the build's pushed digest.
         self.engine = EngineBuild(f"{name}-engine", {
-            "config": cfg, "receipt": receipt, "base": BASE,
-            "labels": m.labels(instance, "engine-build"), "gatesEnforced": True},
-            pulumi.ResourceOptions(parent=self, depends_on=[ns]))
+            "config": inputs, "receipt": receipt, "base": instance,
+            "labels": m.labels(instance, "engine-build"), "gatesEnforced": True,
+            "offlineRender": offline_render}, in_ns)
         image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
             cfg, names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
@@ -117,13 +150,13 @@ class K3ServingStack(pulumi.ComponentResource):
                 names, instance, pulumi.Output.secret(cfg.hf_token.reveal())), in_ns))
 
         self.weights = WeightsPrefetch(
-            f"{name}-weights", receipt, cfg, BASE, cfg.namespace,
+            f"{name}-weights", receipt, inputs, instance, cfg.namespace,
             m.labels(instance, "weights-prefetch"), image, hf_secret_name,
             lock.text if lock else None,
-            pulumi.ResourceOptions(parent=self, depends_on=[ns, *secrets, self.pool]))
+            child_options(self, opts, ns, *secrets, self.pool))
 
         self.serving = VllmServing(
-            f"{name}-serving", receipt, cfg, image, self.weights.parts, names, instance,
+            f"{name}-serving", receipt, inputs, image, self.weights.parts_for, names, instance,
             depends_on=[self.weights.job, *secrets, self.pool], opts=in_ns)
 
         # k3:benchmark.enabled: re-measure the receipt once serving is ready.
@@ -132,8 +165,8 @@ class K3ServingStack(pulumi.ComponentResource):
             from k3infra.bench.component import Benchmark
 
             self.benchmark = Benchmark(
-                f"{name}-benchmark", receipt, cfg, image, self.weights.parts, base=BASE,
-                namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
+                f"{name}-benchmark", receipt, inputs, image, self.weights.parts_for,
+                base=instance, namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=m.selector_labels(instance),
@@ -147,7 +180,7 @@ class K3ServingStack(pulumi.ComponentResource):
         self.wheel_sha256 = self.engine.wheel_sha256
         self.image_digest = self.engine.image_digest
         self.engine_profile = self.engine.profile_label
-        self.weights_revision = pulumi.Output.from_input(cfg.weights_revision)
+        self.weights_revision = pulumi.Output.from_input(inputs.build(lambda c: c.weights_revision))
         self.tree_digest = pulumi.Output.from_input(receipt.model.tree_digest)
         self.image = pulumi.Output.from_input(image)
         self.profile = pulumi.Output.from_input(cfg.profile)

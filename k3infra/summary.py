@@ -1,18 +1,25 @@
 """What a render prints: pins, the full `vllm serve` line, placement, HBM headroom,
-startup budget. Pure: (config, render) -> rows."""
+startup budget. Pure: (config, render, receipt) -> rows. The `vllm serve` line is read
+from the rendered StatefulSet, so it shows what the pods run, not a recomputation."""
 from __future__ import annotations
 
 from k3infra.config import StackConfig
 from k3infra.hbm import hbm_fit
-from k3infra.receipt import load_receipt
+from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import manifests as w
 
 
-def summary_rows(cfg: StackConfig, render) -> list[tuple[str, str]]:
-    r = load_receipt()
-    lay = w.layout(r, cfg)
+def rendered_serve_line(render) -> str:
+    """`vllm serve ...` exactly as the rendered StatefulSet's vllm container runs it."""
+    (sts,) = [o for o in render.manifests() if o["kind"] == "StatefulSet"]
+    (vllm,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    return " ".join([*vllm["command"], *vllm["args"]])
+
+
+def summary_rows(cfg: StackConfig, render, receipt: Receipt) -> list[tuple[str, str]]:
+    r = receipt
     budget = startup_budget_seconds(r, cfg.serving)
     measured = m.is_measured(cfg)
     image = render.outputs.get("image", cfg.engine_image)
@@ -28,7 +35,7 @@ def summary_rows(cfg: StackConfig, render) -> list[tuple[str, str]]:
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
          f"{w.prefetch_timeout_seconds(r, cfg)} s"),
-        ("vllm serve", m.serve_command_line(r, cfg, lay.tree)),
+        ("vllm serve", rendered_serve_line(render)),
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
         ("placement", f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "
          f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "

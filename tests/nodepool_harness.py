@@ -8,6 +8,7 @@ from typing import Any, Callable
 import pulumi
 
 from k3infra.config import parse_stack_config
+from k3infra.receipt import load_receipt
 
 GOOD_REVISION = "3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c"
 IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "1" * 64
@@ -30,7 +31,7 @@ def stack_config(node_pool: dict, **keys: Any):
            "nodePool": node_pool, **keys}
     # A pinned proxy image, so an update under mocks reaches what the test is about.
     raw["serving"] = {"proxyImage": PROXY_IMAGE, **keys.get("serving", {})}
-    return parse_stack_config(raw)
+    return parse_stack_config(raw, receipt=load_receipt())
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -66,7 +67,7 @@ def run(build: Callable[[], Any], mocks: Recorder | None = None) -> list[tuple[s
 
 def register_pool(cfg, name: str = "k3-pool"):
     from k3infra.nodepool.component import B300NodePool
-    return run(lambda: B300NodePool(name, cfg))
+    return run(lambda: B300NodePool(name, cfg, load_receipt()))
 
 
 def of_type(registered, typ: str) -> list[dict]:

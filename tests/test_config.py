@@ -19,7 +19,7 @@ def cfg(**changes):
             raw.pop(f"k3:{k}", None)
         else:
             raw[f"k3:{k}"] = v
-    return parse_stack_config(raw)
+    return parse_stack_config(raw, receipt=load_receipt())
 
 
 def test_good_config_and_defaults():
@@ -79,7 +79,7 @@ def test_custom_profile_accepts_engine_path_changes():
 
 def test_secret_value_never_in_error():
     with pytest.raises(ConfigError) as info:
-        parse_stack_config({**BASE, "k3:hfToken": ["hf_SECRETSECRET"], "k3:replicas": "x"})
+        parse_stack_config({**BASE, "k3:hfToken": ["hf_SECRETSECRET"], "k3:replicas": "x"}, receipt=load_receipt())
     assert "hf_SECRET" not in str(info.value)
 
 

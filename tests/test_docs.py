@@ -75,11 +75,12 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
     """docs/serving.md and docs/configuration.md quote the defaults and the figures
     derived from the receipt; they must be what the code computes."""
     from k3infra.config import parse_stack_config
+    from k3infra.receipt import load_receipt
     from k3infra.serving import manifests as m
     from k3infra.serving.startup import startup_budget_seconds
 
     cfg = parse_stack_config({"k3:weightsRevision": "a" * 40, "k3:apiKey": "x",
-                              "k3:engineImage": "r@sha256:" + "1" * 64})
+                              "k3:engineImage": "r@sha256:" + "1" * 64}, receipt=load_receipt())
     b = startup_budget_seconds(receipt, cfg.serving)
     serving = " ".join((ROOT / "docs" / "serving.md").read_text().split())
     configuration = " ".join((ROOT / "docs" / "configuration.md").read_text().split())

@@ -14,7 +14,6 @@ from k3infra.config import ConfigError, parse_stack_config
 from k3infra.engine import component as ec
 from k3infra.engine.plan import resolve_engine
 from k3infra.engine.result import EngineBuildError
-from k3infra.gates import OFFLINE_RENDER_ENV
 from k3infra.receipt import load_receipt
 
 from conftest import GOOD_REVISION, ROOT
@@ -49,7 +48,7 @@ def full_commit() -> str:
 
 def config(**keys):
     raw = {"weightsRevision": GOOD_REVISION, "apiKey": "k", **keys}
-    return parse_stack_config(raw)
+    return parse_stack_config(raw, receipt=load_receipt())
 
 
 BUILDKIT = f"moby/buildkit:v0.23.2-rootless@sha256:{'34' * 32}"
@@ -145,7 +144,7 @@ def test_prebuilt_passes_the_digest_through_and_creates_nothing():
     mocks = Recorder()
     cfg = config(engineImage=PREBUILT)
     comp, (image, digest, commit, wheel, label) = run(
-        lambda: ec.EngineBuild("engine", {"config": cfg}), mocks)
+        lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg}), mocks)
     assert image == PREBUILT
     assert digest == "sha256:" + "12" * 32
     assert commit == load_receipt().engine.commit
@@ -156,14 +155,14 @@ def test_prebuilt_passes_the_digest_through_and_creates_nothing():
 
 def test_prebuilt_carries_a_declared_wheel_hash():
     cfg = config(engineImage=PREBUILT, engine={"build": "prebuilt", "wheelSha256": WHEEL})
-    _, (_, _, _, wheel, _) = run(lambda: ec.EngineBuild("engine", {"config": cfg}), Recorder())
+    _, (_, _, _, wheel, _) = run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg}), Recorder())
     assert wheel == WHEEL
 
 
 def test_upstream_is_labelled_not_measured_and_has_no_engine_commit():
     cfg = config(profile="upstream", engineImage=PREBUILT,
                  engine={"build": "prebuilt", "upstreamVersion": "0.33.1"})
-    comp, (image, _, commit, _, label) = run(lambda: ec.EngineBuild("engine", {"config": cfg}),
+    comp, (image, _, commit, _, label) = run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg}),
                                              Recorder())
     assert image == PREBUILT
     assert commit is None
@@ -174,7 +173,7 @@ def test_upstream_is_labelled_not_measured_and_has_no_engine_commit():
 def test_in_cluster_image_is_the_digest_the_job_reported():
     mocks = Recorder(result_data=result_data())
     comp, (image, digest, commit, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
+        lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     assert image == f"{REPO}@{DIGEST}"
     assert digest == DIGEST
@@ -195,7 +194,7 @@ def test_in_cluster_image_is_the_digest_the_job_reported():
 
 def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
     mocks = Recorder(result_data=result_data())
-    run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
+    run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(), "recipeDir": RECIPE_DIR}),
         mocks)
     kinds = Counter(r.typ.split(":")[-1] for r in mocks.resources if r.typ.startswith("kubernetes:"))
     # job files, context, result (created) + the result read
@@ -213,14 +212,14 @@ def test_a_build_without_hash_locked_requirements_is_refused_on_update(monkeypat
     maintainer compiles them for the engine commit, so `pulumi up` refuses."""
     from k3infra.gates import GateError
 
-    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    monkeypatch.setenv("K3INFRA_OFFLINE_RENDER", "1")     # ignored: not an offline render
     shipped = ROOT / "images"
     missing = [n for n in ec.LOCK_FILES if not (shipped / n).is_file()]
     if not missing:
         pytest.skip("images/ carries compiled locks")
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": str(shipped)}),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(), "recipeDir": str(shipped)}),
             mocks)
     assert all(f"images/{n}" in str(err.value) for n in missing)
     assert mocks.resources == []
@@ -230,7 +229,7 @@ def test_in_cluster_git_context_uploads_no_recipe():
     cfg = in_cluster(context="git", gitUrl="https://git.example.com/k3infra.git",
                      gitRevision="1" * 40)
     mocks = Recorder(result_data=result_data())
-    run(lambda: ec.EngineBuild("engine", {"config": cfg}), mocks)
+    run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg}), mocks)
     assert not [r for r in mocks.resources if r.name == "engine-context"]
     job = mocks.of_type("kubernetes:batch/v1:Job")[0].inputs
     env = {e["name"]: e.get("value")
@@ -251,7 +250,7 @@ def test_in_cluster_git_context_uploads_no_recipe():
 def test_in_cluster_refuses_a_result_that_does_not_match_the_plan(bad, message):
     mocks = Recorder(result_data=result_data(**bad))
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(),
                                               "recipeDir": RECIPE_DIR}), mocks)
     assert message in str(err.value)
 
@@ -266,25 +265,26 @@ def test_in_cluster_refuses_a_result_configmap_that_could_have_been_edited(over,
     the Job's one write made it immutable and it is still the object Pulumi created."""
     mocks = Recorder(result_data=result_data(), **over)
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(),
                                               "recipeDir": RECIPE_DIR}), mocks)
     assert message in str(err.value)
 
 
-def test_in_cluster_offline_render_shows_a_labelled_placeholder(monkeypatch):
-    monkeypatch.setenv(OFFLINE_RENDER_ENV, "1")
+def test_in_cluster_offline_render_shows_a_labelled_placeholder():
     mocks = Recorder(result_data=None)
     _, (image, digest, _, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": in_cluster(), "recipeDir": RECIPE_DIR}),
+        lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(), "recipeDir": RECIPE_DIR,
+                                          "offlineRender": True}),
         mocks)
     assert image == f"{REPO}@{ec.PLACEHOLDER_DIGEST}"
     assert wheel is None
 
 
 def test_in_cluster_without_a_result_outside_a_render_is_an_error(monkeypatch):
-    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    # The former render switch is ignored: only the explicit offlineRender arg counts.
+    monkeypatch.setenv("K3INFRA_OFFLINE_RENDER", "1")
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": in_cluster(),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": in_cluster(),
                                               "recipeDir": RECIPE_DIR}),
             Recorder(result_data=None))
     assert "no image digest" in str(err.value)
@@ -316,7 +316,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
     export = write_record(tmp_path, plan)
     mocks = Recorder()
     comp, (image, digest, commit, wheel, _) = run(
-        lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
+        lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg, "recipeDir": RECIPE_DIR,
                                           "exportDir": str(tmp_path)}), mocks)
     images = mocks.of_type("docker-build:index:Image")
     assert [i.inputs["target"] for i in images] == ["wheel-export", "runtime"]
@@ -336,7 +336,7 @@ def test_local_two_passes_and_the_record_reaches_the_labels(tmp_path):
 
 def test_local_without_pass_one_record_is_an_error(tmp_path):
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": local_cfg(),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": local_cfg(),
                                               "recipeDir": RECIPE_DIR,
                                               "exportDir": str(tmp_path)}), Recorder())
     assert "engine-wheel.json is missing" in str(err.value)
@@ -355,7 +355,7 @@ class FirstPreview(Recorder):
 
 def test_local_first_preview_reads_no_export(tmp_path):
     comp, values = run(
-        lambda: ec.EngineBuild("engine", {"config": local_cfg(), "recipeDir": str(ROOT / "images"),
+        lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": local_cfg(), "recipeDir": str(ROOT / "images"),
                                           "exportDir": str(tmp_path)}), FirstPreview(), preview=True)
     assert values is None       # unknown until `pulumi up` built it: no error, no guess
     assert not any(tmp_path.iterdir())
@@ -365,7 +365,7 @@ def test_local_refuses_a_record_of_another_commit(tmp_path):
     cfg = local_cfg()
     write_record(tmp_path, resolve_engine(load_receipt(), cfg), commit="e" * 40)
     with pytest.raises(Exception) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg, "recipeDir": RECIPE_DIR,
                                               "exportDir": str(tmp_path)}), Recorder())
     assert "is not the pinned" in str(err.value)
 
@@ -375,7 +375,7 @@ def test_local_without_a_cache_repository_uses_no_registry_cache(tmp_path):
     cfg = local_cfg(cacheRegistry=None)
     write_record(tmp_path, resolve_engine(load_receipt(), cfg))
     mocks = Recorder()
-    run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR,
+    run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg, "recipeDir": RECIPE_DIR,
                                           "exportDir": str(tmp_path)}), mocks)
     for image in mocks.of_type("docker-build:index:Image"):
         assert not image.inputs.get("cacheFrom") and not image.inputs.get("cacheTo")
@@ -395,12 +395,12 @@ def test_a_build_without_its_pins_is_refused_on_update(monkeypatch, engine, key)
     the API server at any cluster address."""
     from k3infra.gates import GateError
 
-    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    monkeypatch.setenv("K3INFRA_OFFLINE_RENDER", "1")     # ignored: not an offline render
     base = {"commit": full_commit(), "apiServerCidrs": [API_SERVER], "baseImages": BASE_IMAGES}
     cfg = config(engine={**base, **{k: v for k, v in engine.items()}})
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR}),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg, "recipeDir": RECIPE_DIR}),
             mocks)
     assert key in str(err.value)
     assert mocks.resources == []
@@ -410,7 +410,7 @@ def test_bad_engine_config_fails_before_any_registration():
     mocks = Recorder()
     cfg = config(engine={"build": "in-cluster", "registry": REPO})
     with pytest.raises(ConfigError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg}), mocks)
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg}), mocks)
     assert err.value.key == "k3:engine.registrySecret"
     assert mocks.resources == []
 
@@ -423,11 +423,11 @@ def test_missing_recipe_dir_is_a_clear_error(tmp_path):
 def test_in_cluster_with_placeholder_image_digests_is_refused_on_update(monkeypatch):
     from k3infra.gates import GateError
 
-    monkeypatch.delenv(OFFLINE_RENDER_ENV, raising=False)
+    monkeypatch.setenv("K3INFRA_OFFLINE_RENDER", "1")     # ignored: not an offline render
     cfg = config(engine={"build": "in-cluster", "registry": REPO, "registrySecret": "push"})
     mocks = Recorder(result_data=result_data())
     with pytest.raises(GateError) as err:
-        run(lambda: ec.EngineBuild("engine", {"config": cfg, "recipeDir": RECIPE_DIR}),
+        run(lambda: ec.EngineBuild("engine", {"receipt": load_receipt(), "config": cfg, "recipeDir": RECIPE_DIR}),
             mocks)
     assert "k3:engine.buildkitImage" in str(err.value) and "k3:engine.reporterImage" in str(err.value)
     assert mocks.resources == []

@@ -12,6 +12,7 @@ import dockerfile
 import pytest
 
 from k3infra.config import parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.engine import component as ec
 from k3infra.engine.plan import (DOCKERFILE_NODE_CPU, DOCKERFILE_NODE_MEMORY_GI,
                                  RECIPE_CUDA_VERSION, build_args, build_parallelism)
@@ -69,7 +70,7 @@ def expand(value: str, args: dict) -> str:
 def plan_args():
     return build_args(__import__("k3infra.receipt", fromlist=["load_receipt"]).load_receipt(),
                       parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k",
-                                          "engineImage": f"r.example.com/v@sha256:{'1' * 64}"}))
+                                          "engineImage": f"r.example.com/v@sha256:{'1' * 64}"}, receipt=load_receipt()))
 
 
 def test_stages_and_their_order():

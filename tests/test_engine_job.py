@@ -37,7 +37,7 @@ def cfg(**engine):
     return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", "engine": {
         "build": "in-cluster", "registry": REPO, "registrySecret": "push",
         "cacheRegistry": CACHE_REPO, "cacheRegistrySecret": "cache-push",
-        "apiServerCidrs": [API_SERVER], **engine}})
+        "apiServerCidrs": [API_SERVER], **engine}}, receipt=load_receipt())
 
 
 def objects(c=None, receipt=None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from k3infra.config import ConfigError, parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.engine.plan import (NOT_MEASURED, RECIPE_CUDA_VERSION, UPSTREAM_MIN_VERSION,
                                  arch_list, build_args, build_parallelism, default_tag,
                                  resolve_engine)
@@ -16,7 +17,7 @@ REPO = "registry.example.com/k3/vllm"
 
 
 def cfg(**keys):
-    return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", **keys})
+    return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", **keys}, receipt=load_receipt())
 
 
 def in_cluster(**engine):

@@ -16,6 +16,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from k3infra import gates
+from k3infra.receipt import load_receipt
 from k3infra.config import parse_stack_config
 from k3infra.stack import K3ServingStack
 
@@ -65,7 +66,7 @@ def _run_stack(raw: dict, *, preview: bool) -> tuple[list[str], dict]:
     built: dict[str, K3ServingStack] = {}
 
     def program():
-        built["stack"] = K3ServingStack("k3", parse_stack_config(raw))
+        built["stack"] = K3ServingStack("k3", parse_stack_config(raw, receipt=load_receipt()), receipt=load_receipt())
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -91,8 +92,10 @@ def _raw(**overrides) -> dict:
 
 @pytest.fixture
 def update_mode(monkeypatch):
-    """`pulumi up`: not a preview, and not `k3infra render`."""
-    monkeypatch.delenv(gates.OFFLINE_RENDER_ENV, raising=False)
+    """`pulumi up`: not a preview, and not `k3infra render`. The variable that used to
+    switch the gates off is set on purpose: nothing reads the environment any more, so
+    an update with it still refuses (only the renderer's explicit argument renders)."""
+    monkeypatch.setenv("K3INFRA_OFFLINE_RENDER", "1")
 
 
 def test_update_without_licence_acknowledgement_is_refused(update_mode, receipt):

@@ -4,6 +4,7 @@ from the receipt and the default config."""
 from __future__ import annotations
 
 from k3infra.config import MonitoringConfig, NetworkConfig, parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.operations import monitoring as mon
 from k3infra.operations.metric_names import catalogue
 from k3infra.serving import manifests as m
@@ -17,7 +18,7 @@ FLAT = " ".join(DOC.split())
 
 def default_cfg():
     return parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
-                               "k3:engineImage": "r/x@sha256:" + "1" * 64})
+                               "k3:engineImage": "r/x@sha256:" + "1" * 64}, receipt=load_receipt())
 
 
 def test_every_monitoring_and_network_key_is_documented():

@@ -10,6 +10,7 @@ import promql_parser
 import pytest
 
 from k3infra.config import parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.operations import dashboard as d
 from k3infra.operations import monitoring as mon
 from k3infra.operations.metric_names import catalogue, exposed_names, series
@@ -49,7 +50,7 @@ def all_rule_exprs(receipt) -> list[str]:
     exprs = []
     for flags in ({}, {"dcgmExportedLabels": True}):
         c = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
-                                "k3:engineImage": IMAGE, "k3:monitoring": {**flags}})
+                                "k3:engineImage": IMAGE, "k3:monitoring": {**flags}}, receipt=load_receipt())
         exprs += [r["expr"] for r in mon.alert_rules(receipt, c, m.ServingNames(m.APP, "k3"))]
     return exprs
 

@@ -31,7 +31,7 @@ def cfg(**keys):
     raw = {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x", "k3:engineImage": IMAGE}
     raw.update({f"k3:{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
                 for k, v in keys.items()})
-    return parse_stack_config(raw)
+    return parse_stack_config(raw, receipt=load_receipt())
 
 
 def rules(c=None, receipt=None) -> dict[str, dict]:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from k3infra.config import ConfigError, parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.operations import network as n
 from k3infra.serving import manifests as m
 
@@ -22,7 +23,7 @@ def cfg(**keys):
     raw = {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x", "k3:engineImage": IMAGE}
     raw.update({f"k3:{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
                 for k, v in keys.items()})
-    return parse_stack_config(raw)
+    return parse_stack_config(raw, receipt=load_receipt())
 
 
 def matches(selector: dict, labels: dict) -> bool:

@@ -4,6 +4,7 @@ import pytest
 
 from k3infra.cli import main
 from k3infra.config import ConfigError
+from k3infra.receipt import load_receipt
 from k3infra.preflight import (PreflightError, check_capacity_zone, check_hbm,
                                check_local_nvme, check_node_count, check_pool_gpu,
                                preflight_report)
@@ -110,7 +111,7 @@ def test_failed_preflight_registers_nothing():
                        acceptModelLicense=True)
     mocks = Recorder()
     with pytest.raises(Exception) as err:
-        run(lambda: K3ServingStack("k3", cfg), mocks)
+        run(lambda: K3ServingStack("k3", cfg, receipt=load_receipt()), mocks)
     assert mocks.registered == []
     cause = err.value
     while not isinstance(cause, PreflightError) and (cause.__cause__ or cause.__context__):

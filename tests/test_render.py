@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from k3infra.cli import main
+from k3infra.receipt import load_receipt
 from k3infra.render import write_render
 
 from conftest import GOOD_REVISION, ROOT, render
@@ -149,11 +150,11 @@ def test_component_importable_from_another_program():
             engineImage="registry.example.com/vllm@sha256:" + "2" * 64,
             serving={"proxyImage": "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:"
                      + "3" * 64},
-            acceptModelLicense=True, namespace="inference"))
+            acceptModelLicense=True, namespace="inference"), receipt=load_receipt())
 
         def check(values):
             endpoint, image, _, _ = values
-            assert endpoint == "http://kimi-k3.inference.svc.cluster.local:8000"
+            assert endpoint == "http://kimi.inference.svc.cluster.local:8000"
             assert image.endswith("2" * 64)
             types = [a.typ for a in mocks.registered]
             assert "kubernetes:apps/v1:StatefulSet" in types

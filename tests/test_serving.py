@@ -4,6 +4,7 @@ the literal flags of shared/K3_FACTS.md."""
 import pytest
 
 from k3infra.config import parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 
@@ -49,7 +50,7 @@ def test_env_is_receipt_env_plus_allow_listed_surface(receipt):
         "name": "kimi-k3-api-key", "key": "api-key"}}}
     budget = startup_budget_seconds(receipt, parse_stack_config(
         {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
-         "k3:engineImage": "r@sha256:" + "1" * 64}).serving)
+         "k3:engineImage": "r@sha256:" + "1" * 64}, receipt=load_receipt()).serving)
     assert int(env["VLLM_ENGINE_READY_TIMEOUT_S"]["value"]) == budget.total_seconds
 
 
@@ -159,7 +160,7 @@ def test_serve_command_line_matches_container(receipt):
     r = render("existing", PIN)
     c = container(r)
     cfg = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
-                              "k3:engineImage": "r@sha256:" + "1" * 64})
+                              "k3:engineImage": "r@sha256:" + "1" * 64}, receipt=load_receipt())
     assert m.serve_command_line(receipt, cfg, c["args"][0]) == " ".join(c["command"] + c["args"])
 
 
@@ -199,7 +200,7 @@ def test_partition_above_replicas_is_refused():
     with pytest.raises(ConfigError, match="k3:serving.updatePartition = 3"):
         parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
                             "k3:engineImage": "r@sha256:" + "1" * 64,
-                            "k3:serving": '{"updatePartition": 3}'})
+                            "k3:serving": '{"updatePartition": 3}'}, receipt=load_receipt())
 
 
 def test_upstream_pods_do_not_claim_the_receipt_engine(receipt):

@@ -64,7 +64,8 @@ def _plan(a: argparse.Namespace) -> int:
 
     try:
         raw, secrets = load_config(a.stack, a.config, project_root())
-        plan = resolve_engine(load_receipt(), parse_stack_config(raw, tuple(secrets)))
+        receipt = load_receipt()
+        plan = resolve_engine(receipt, parse_stack_config(raw, tuple(secrets), receipt=receipt))
     except (ConfigError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
     table = Table(title=f"engine: stack {a.stack}", show_header=False)

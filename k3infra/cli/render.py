@@ -23,6 +23,7 @@ def _render(args: argparse.Namespace) -> int:
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.hbm import HbmError
     from k3infra.render import project_root, render_stack, write_render
+    from k3infra.receipt import load_receipt
     from k3infra.summary import summary_rows
 
     console = Console()
@@ -37,10 +38,11 @@ def _render(args: argparse.Namespace) -> int:
             raise UsageError(str(cause)) from None
         raise
     written = write_render(render, args.out)
-    cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys))
+    receipt = load_receipt()
+    cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys), receipt=receipt)
 
     table = Table(title=f"k3infra render: stack {args.stack}", show_header=False)
-    for key, value in summary_rows(cfg, render):
+    for key, value in summary_rows(cfg, render, receipt):
         table.add_row(key, value)
     console.print(table)
     counts = Table("resource type", "count", title="resources")
@@ -48,14 +50,14 @@ def _render(args: argparse.Namespace) -> int:
         counts.add_row(typ, str(n))
     console.print(counts)
     from k3infra.preflight import preflight_report
-    from k3infra.receipt import load_receipt
     from k3infra.weights.lockcheck import load_stack_lock
-    lock = load_stack_lock(load_receipt(), cfg, root)
-    for line in preflight_report(cfg, lock_total_bytes=lock.total_bytes if lock else None):
+    lock = load_stack_lock(receipt, cfg, root)
+    for line in preflight_report(cfg, receipt, lock_total_bytes=lock.total_bytes if lock else None):
         console.print(f"preflight {line}")
-    pools = render.by_type("k3infra:index:B300NodePool")
+    parents = {r["urn"] for r in render.resources
+               if r["type"] in ("k3infra:index:B300NodePool", "k3infra:index:ClusterAddons")}
     for res in render.resources:
-        if pools and res["parent"] == pools[0]["urn"]:
+        if res["parent"] in parents:
             inputs = res["inputs"]
             what = (f"{inputs['chart']} {inputs['version']} from {inputs['repositoryOpts']['repo']}"
                     if res["type"] == "kubernetes:helm.sh/v4:Chart" else res["name"])

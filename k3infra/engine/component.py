@@ -12,10 +12,9 @@
 """
 from __future__ import annotations
 
-import os
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, TypedDict
+from typing import Any, Optional, TypedDict, Union
 
 import pulumi
 
@@ -24,9 +23,10 @@ from k3infra.engine import manifests as em
 from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
 from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
                                    image_from_digest, parse_build_result, parse_wheel_record)
-from k3infra.gates import OFFLINE_RENDER_ENV, PLACEHOLDER_HEX, enforce
-from k3infra.kube import apply_manifest
-from k3infra.receipt import Receipt, load_receipt
+from k3infra.gates import PLACEHOLDER_HEX, enforce
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_manifest, child_options
+from k3infra.receipt import Receipt
 
 # Files of images/ the Dockerfile uses: the helper and the hash-locked requirements.
 # The locks are compiled once per engine commit by a maintainer with access to both
@@ -37,13 +37,14 @@ PLACEHOLDER_DIGEST = f"sha256:{PLACEHOLDER_HEX}"
 
 
 class EngineBuildArgs(TypedDict, total=False):
-    config: StackConfig      # the validated stack config (required)
-    receipt: Receipt         # default: the shipped receipt
+    config: Union[StackConfig, StackInputs]  # the validated stack config (required)
+    receipt: Receipt         # the receipt the stack deploys (required)
     base: str                # object name prefix (default: kimi-k3)
     labels: dict             # labels on build objects
     recipeDir: str           # the images/ directory (default: found from the cwd)
     exportDir: str           # local mode: where pass 1 exports (default: build/engine)
     gatesEnforced: bool      # the caller already ran engine_gates (K3ServingStack does)
+    offlineRender: bool      # `k3infra render`: builds never run, digests are placeholders
 
 
 def find_recipe_dir(explicit: Optional[str] = None) -> Path:
@@ -84,11 +85,6 @@ def job_files() -> dict[str, str]:
     return {name: pod.joinpath(name).read_text() for name in em.JOB_SCRIPTS}
 
 
-def offline_render() -> bool:
-    """`k3infra render`: builds never run, their digest is a labelled placeholder."""
-    return os.environ.get(OFFLINE_RENDER_ENV) == "1"
-
-
 def _uid(meta: Any) -> Optional[str]:
     """metadata.uid of a read or created object (None where the engine has none yet)."""
     if meta is None:
@@ -117,22 +113,29 @@ class EngineBuild(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: EngineBuildArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        cfg = args["config"]
-        receipt = args.get("receipt") or load_receipt()
+        inputs = StackInputs.of(args["config"])
+        cfg = inputs.plain
+        receipt = args.get("receipt")
+        if not isinstance(receipt, Receipt):
+            raise TypeError(f"EngineBuild {name}: args['receipt'] must be the Receipt the "
+                            "stack deploys (k3infra.receipt.load_receipt() for the shipped one)")
         # Everything that can refuse does so before the first registration.
         plan = resolve_engine(receipt, cfg)
+        self.offline_render = bool(args.get("offlineRender"))
         if not args.get("gatesEnforced"):
-            enforce(engine_gates(cfg))
+            enforce(engine_gates(cfg), self.offline_render)
         uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
                                                and cfg.engine.context == "configmap")
         recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None
         enforce(lock_gates(recipe))
         super().__init__("k3infra:index:EngineBuild", name, None, opts)
+        self._opts = opts
         self.plan = plan
         self.build_objects: dict[str, pulumi.CustomResource] = {}
 
         if plan.mode == "prebuilt":
-            image = pulumi.Output.from_input(plan.image)
+            # k3:engineImage may be wired (a build's digest): resolved and checked in apply.
+            image = pulumi.Output.from_input(inputs.build(lambda c: resolve_engine(receipt, c).image))
             self.image = image
             self.image_digest = image.apply(lambda ref: ref.rsplit("@", 1)[1])
             self.engine_commit = pulumi.Output.from_input(plan.engine_commit)
@@ -167,9 +170,8 @@ class EngineBuild(pulumi.ComponentResource):
         labels = dict(args.get("labels") or {"app.kubernetes.io/component": "engine-build",
                                              "app.kubernetes.io/part-of": "k3infra"})
         objs = em.build_manifests(plan, cfg, names, labels, context, scripts)
-        child = pulumi.ResourceOptions(parent=self)
-        ns = apply_manifest(f"{name}-namespace", objs["namespace"], child)
-        in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
+        ns = apply_manifest(f"{name}-namespace", objs["namespace"], child_options(self, self._opts))
+        in_ns = child_options(self, self._opts, ns)
         created = {"namespace": ns}
         for role, manifest in objs.items():
             if role in ("namespace", "job"):
@@ -181,13 +183,12 @@ class EngineBuild(pulumi.ComponentResource):
             created[role] = apply_manifest(f"{name}-{role}", manifest,
                                            pulumi.ResourceOptions.merge(in_ns, extra))
         wait = f"{em.job_timeout_minutes(cfg)}m"
-        job = apply_manifest(f"{name}-job", objs["job"], pulumi.ResourceOptions.merge(
-            child, pulumi.ResourceOptions(
-                depends_on=list(created.values()),
-                # Fixed, hash-derived name: a failed build is re-run with
-                # `pulumi up --replace <job urn>`, which must delete the old Job first.
-                delete_before_replace=True,
-                custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait))))
+        job = apply_manifest(f"{name}-job", objs["job"], child_options(
+            self, self._opts, *created.values(),
+            # Fixed, hash-derived name: a failed build is re-run with
+            # `pulumi up --replace <job urn>`, which must delete the old Job first.
+            delete_before_replace=True,
+            custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
         created["job"] = job
         self.build_objects = created
         # The read waits for the Job (which Pulumi awaits until it completes); its id is
@@ -195,12 +196,12 @@ class EngineBuild(pulumi.ComponentResource):
         read_id = job.metadata.apply(lambda _: f"{names.namespace}/{names.result_configmap}")
         result_cm = k8s.core.v1.ConfigMap.get(
             f"{name}-result-read", read_id,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[job]))
+            opts=child_options(self, self._opts, job))
         where = f"ConfigMap {names.namespace}/{names.result_configmap}"
 
         def parse(values: list) -> BuildResult:
             data, immutable, uid, created_uid = values
-            if offline_render() and not (data or {}).get("digest"):
+            if self.offline_render and not (data or {}).get("digest"):
                 return placeholder_result(plan, f"written by Job {names.job} at `pulumi up`")
             check_result_object(immutable, uid, created_uid, where)
             return parse_build_result(data, plan, where)
@@ -222,7 +223,7 @@ class EngineBuild(pulumi.ComponentResource):
         # A registry cache only in its own repository (k3:engine.cacheRegistry).
         cache_from = [docker_build.CacheFromArgs(
             registry=docker_build.CacheFromRegistryArgs(ref=plan.cache_ref))] if plan.cache_ref else []
-        child = pulumi.ResourceOptions(parent=self)
+        child = child_options(self, self._opts)
         wheel = docker_build.Image(
             f"{name}-wheel", push=False, context=context, dockerfile=dockerfile,
             target="wheel-export", build_args=plan.build_args, build_on_preview=False,
@@ -231,7 +232,7 @@ class EngineBuild(pulumi.ComponentResource):
             opts=child)
 
         def record(_: Any) -> dict:
-            if offline_render():
+            if self.offline_render:
                 return {}
             path = export / "engine-wheel.json"
             if not path.is_file():
@@ -255,12 +256,12 @@ class EngineBuild(pulumi.ComponentResource):
             cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
                 ref=plan.cache_ref, mode=docker_build.CacheMode.MAX, ignore_error=True))]
             if plan.cache_ref else [],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[wheel]))
+            opts=child_options(self, self._opts, wheel))
         self.build_objects = {"wheel": wheel, "image": image}
 
         def result(values: list) -> BuildResult:
             digest, r = values
-            if offline_render() and not digest:
+            if self.offline_render and not digest:
                 return placeholder_result(plan, "known once the local build pushed at `pulumi up`")
             return BuildResult(image=image_from_digest(plan.repository, digest, plan),
                                digest=digest, wheel_sha256=r["sha256"],

@@ -13,14 +13,15 @@ API) must already run in the cluster.
 from __future__ import annotations
 
 import base64
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 import yaml
 
 from k3infra.config import AwsPoolConfig
-from k3infra.kube import apply_manifest
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_built
 from k3infra.nodepool.localdisk import own_root_script
 from k3infra.nodepool.base import (AWS_AMI_TYPE, AWS_INSTANCE_TYPE, PoolSpec,
                                    cloud_taint_effect)
@@ -137,14 +138,22 @@ def karpenter_manifests(name: str, spec: PoolSpec,
 
 # --- registration ----------------------------------------------------------------------
 
-def register(name: str, spec: PoolSpec, settings: Optional[AwsPoolConfig],
+def register(name: str, spec: PoolSpec, inputs: StackInputs,
              opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    # Structure from the plain settings; ids (cluster, role, subnets, security groups,
+    # reservation) from `wired(...)`, which resolves wired Outputs (k3infra.inputs).
+    settings: AwsPoolConfig = inputs.plain.node_pool.aws
+
+    def wired(fn):
+        return inputs.build(lambda c: fn(c.node_pool.aws))
+
     if settings.mode == "karpenter":
-        node_class, node_pool = karpenter_manifests(name, spec, settings)
-        nc = apply_manifest(f"{name}-ec2nodeclass", node_class, opts)
-        np = apply_manifest(f"{name}-karpenter-nodepool", node_pool,
-                            pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-                                depends_on=[nc])))
+        nc = apply_built(f"{name}-ec2nodeclass", inputs,
+                         lambda c: karpenter_manifests(name, spec, c.node_pool.aws)[0], opts)
+        np = apply_built(f"{name}-karpenter-nodepool", inputs,
+                         lambda c: karpenter_manifests(name, spec, c.node_pool.aws)[1],
+                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+                             depends_on=[*(opts.depends_on or []), nc])))
         return [nc, np]
 
     block = settings.capacity_block
@@ -159,23 +168,24 @@ def register(name: str, spec: PoolSpec, settings: Optional[AwsPoolConfig],
             "encrypted": "true", "delete_on_termination": "true"}}],
         metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                           "http_put_response_hop_limit": IMDS_HOP_LIMIT},
-        network_interfaces=network_interfaces(settings) or None,
+        network_interfaces=wired(lambda s: network_interfaces(s) or None),
         # Without explicit interfaces the node group's own security group handling applies.
         vpc_security_group_ids=(None if settings.efa_interfaces
-                                else list(settings.security_group_ids)),
+                                else wired(lambda s: list(s.security_group_ids))),
         instance_market_options=({"market_type": "capacity-block"} if block else None),
         capacity_reservation_specification=(
-            {"capacity_reservation_target": {"capacity_reservation_id": block.reservation_id}}
+            {"capacity_reservation_target": {"capacity_reservation_id": wired(
+                lambda s: s.capacity_block.reservation_id)}}
             if block else None),
         tag_specifications=[{"resource_type": "instance", "tags": tags}],
         tags=tags,
         opts=opts)
     group = aws.eks.NodeGroup(
         f"{name}-nodegroup",
-        cluster_name=settings.cluster_name,
+        cluster_name=wired(lambda s: s.cluster_name),
         node_group_name_prefix=f"{name}-",
-        node_role_arn=settings.node_role_arn,
-        subnet_ids=[s.id for s in settings.subnets],
+        node_role_arn=wired(lambda s: s.node_role_arn),
+        subnet_ids=wired(lambda s: [n.id for n in s.subnets]),
         ami_type=AWS_AMI_TYPE,
         instance_types=[AWS_INSTANCE_TYPE],
         capacity_type="CAPACITY_BLOCK" if block else "ON_DEMAND",

@@ -3,8 +3,9 @@ must carry (node count, labels, taints, local NVMe use), derived from the stack 
 
 No Pulumi and no cloud SDK here: preflight and tests read the same `PoolSpec` the
 adapters register. Each adapter module (`aws`, `oci`, `nebius`, `coreweave`, `existing`)
-exposes `register(name, spec, settings, opts) -> list[pulumi.Resource]` and imports its
-cloud SDK itself, so a stack only needs the SDK of the cloud it targets.
+exposes `register(name, spec, inputs, opts) -> list[pulumi.Resource]` (inputs: a
+k3infra.inputs.StackInputs, so cloud ids may be wired Outputs) and imports its cloud SDK
+itself, so a stack only needs the SDK of the cloud it targets.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Optional
 
-from k3infra import placement
+from k3infra import naming, placement
 from k3infra.config import StackConfig
-from k3infra.receipt import Receipt, load_receipt
+from k3infra.receipt import Receipt
 
 PROVIDERS = ("existing", "aws", "oci", "nebius", "coreweave")
 
@@ -74,7 +75,8 @@ class PoolSpec:
     labels: dict[str, str]          # Kubernetes node labels
     taints: list[dict[str, str]]    # Kubernetes form: key, value, effect
     node_local_root: Optional[str]  # where local NVMe is mounted for node-local weights
-    gpu_operator: bool              # install the NVIDIA GPU Operator add-on
+    gpu_operator: bool              # the cluster needs the NVIDIA GPU Operator add-on
+                                    # (ClusterAddons, once per cluster)
     gpus_per_node: int              # the receipt's node: one replica = one whole node
 
     @property
@@ -82,9 +84,10 @@ class PoolSpec:
         return self.node_count * self.gpus_per_node
 
 
-def pool_spec(cfg: StackConfig, receipt: Optional[Receipt] = None,
-              name: str = "kimi-k3-b300") -> PoolSpec:
-    receipt = receipt or load_receipt()
+def pool_spec(cfg: StackConfig, receipt: Receipt, name: str = naming.APP,
+              instance: Optional[str] = None) -> PoolSpec:
+    """`name`: the pool's cloud/Kubernetes base name; `instance`: whose pool it is (its
+    nodes carry `k3infra.dev/pool: <instance>`, default `name`)."""
     pool = cfg.node_pool
     sku = node_sku(cfg, receipt)
     # CKS runs no GPU feature discovery we install: label the product ourselves (the
@@ -97,7 +100,7 @@ def pool_spec(cfg: StackConfig, receipt: Optional[Receipt] = None,
     return PoolSpec(
         name=name, provider=pool.provider, sku=sku,
         node_count=pool.node_count if pool.node_count is not None else cfg.replicas,
-        labels=placement.node_labels(product_label),
+        labels=placement.node_labels(naming.pool_label_value(instance or name), product_label),
         taints=placement.node_taints(),
         node_local_root=cfg.weights.node_local_root if cfg.weights.mode == "node-local" else None,
         gpu_operator=operator,

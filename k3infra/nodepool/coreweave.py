@@ -4,12 +4,13 @@ GPU Operator is installed here.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
 
 from k3infra.config import CoreWeavePoolConfig
-from k3infra.kube import apply_manifest
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_built
 from k3infra.nodepool.base import PoolSpec
 
 API_VERSION = "compute.coreweave.com/v1alpha1"
@@ -30,7 +31,7 @@ def node_pool_manifest(name: str, spec: PoolSpec,
     }
 
 
-def register(name: str, spec: PoolSpec, settings: Optional[CoreWeavePoolConfig],
+def register(name: str, spec: PoolSpec, inputs: StackInputs,
              opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
-    return [apply_manifest(f"{name}-cks-nodepool", node_pool_manifest(name, spec, settings),
-                           opts)]
+    return [apply_built(f"{name}-cks-nodepool", inputs,
+                        lambda c: node_pool_manifest(name, spec, c.node_pool.coreweave), opts)]

@@ -3,14 +3,12 @@ feature discovery product label (k3:gpuProduct) and tolerate the usual GPU taint
 k3infra.placement."""
 from __future__ import annotations
 
-from typing import Optional
-
 import pulumi
 
-from k3infra.config import ExistingPoolConfig
+from k3infra.inputs import StackInputs
 from k3infra.nodepool.base import PoolSpec
 
 
-def register(name: str, spec: PoolSpec, settings: Optional[ExistingPoolConfig],
+def register(name: str, spec: PoolSpec, inputs: StackInputs,
              opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     return []

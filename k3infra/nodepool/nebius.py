@@ -15,6 +15,7 @@ import pulumi_nebius as nebius
 import yaml
 
 from k3infra.config import NebiusPoolConfig
+from k3infra.inputs import StackInputs, built_kwargs
 from k3infra.nodepool.base import (NEBIUS_PLATFORM, NEBIUS_PRESET, PoolSpec,
                                    cloud_taint_effect)
 from k3infra.nodepool.localdisk import raid0_mount_script
@@ -59,10 +60,11 @@ def node_group_args(name: str, spec: PoolSpec, settings: NebiusPoolConfig) -> di
             "labels": {"k3infra-pool": spec.name}}
 
 
-def register(name: str, spec: PoolSpec, settings: Optional[NebiusPoolConfig],
+def register(name: str, spec: PoolSpec, inputs: StackInputs,
              opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     group = nebius.Mk8sV1NodeGroup(
-        f"{name}-nodegroup", **node_group_args(name, spec, settings),
+        f"{name}-nodegroup",
+        **built_kwargs(inputs, lambda c: node_group_args(name, spec, c.node_pool.nebius)),
         opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
             custom_timeouts=pulumi.CustomTimeouts(create="90m", update="90m"))))
     return [group]

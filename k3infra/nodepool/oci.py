@@ -9,13 +9,14 @@ node-local mode.
 from __future__ import annotations
 
 import base64
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
 import pulumi_oci as oci
 
 from k3infra import placement
 from k3infra.config import OciPoolConfig
+from k3infra.inputs import StackInputs, built_kwargs
 from k3infra.nodepool.base import OCI_SHAPE, PoolSpec
 from k3infra.nodepool.localdisk import raid0_mount_script
 
@@ -66,10 +67,11 @@ def node_pool_args(name: str, spec: PoolSpec, settings: OciPoolConfig) -> dict[s
     return args
 
 
-def register(name: str, spec: PoolSpec, settings: Optional[OciPoolConfig],
+def register(name: str, spec: PoolSpec, inputs: StackInputs,
              opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     pool = oci.containerengine.NodePool(
-        f"{name}-nodepool", **node_pool_args(name, spec, settings),
+        f"{name}-nodepool",
+        **built_kwargs(inputs, lambda c: node_pool_args(name, spec, c.node_pool.oci)),
         opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
             custom_timeouts=pulumi.CustomTimeouts(create="90m", update="90m"))))
     return [pool]

@@ -2,12 +2,13 @@
 the metrics Service + ServiceMonitor, the PrometheusRule and the dashboard ConfigMap."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import pulumi
 
 from k3infra.config import StackConfig
-from k3infra.kube import apply_manifest
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_built, child_options
 from k3infra.operations.dashboard import dashboard_configmap
 from k3infra.operations.monitoring import monitoring_objects
 from k3infra.operations.network import network_policies
@@ -15,24 +16,35 @@ from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 
 
+def _objects(receipt: Receipt, cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
+    objects = monitoring_objects(receipt, cfg, names, instance)
+    if cfg.monitoring.dashboard:
+        objects.append(dashboard_configmap(receipt, cfg, names, instance))
+    return objects
+
+
 class ServingOperations(pulumi.ComponentResource):
-    """What operating the serving pods needs beyond the pods themselves."""
+    """What operating the serving pods needs beyond the pods themselves. Every child
+    records the component's `opts.depends_on` (the namespace)."""
 
     network_policy_names: pulumi.Output[list]
     monitoring_kinds: pulumi.Output[list]
 
-    def __init__(self, name: str, receipt: Receipt, cfg: StackConfig, names: m.ServingNames,
-                 instance: str, opts: Optional[pulumi.ResourceOptions] = None):
+    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
+                 names: m.ServingNames, instance: str,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        inputs = StackInputs.of(cfg)
         super().__init__("k3infra:index:ServingOperations", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        policies = network_policies(cfg, names, instance)
-        for policy in policies:
-            apply_manifest(f"{name}-netpol-{policy['metadata']['name']}", policy, child)
-        objects = monitoring_objects(receipt, cfg, names, instance)
-        if cfg.monitoring.dashboard:
-            objects.append(dashboard_configmap(receipt, cfg, names, instance))
-        for obj in objects:
-            apply_manifest(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, child)
+        policies = network_policies(inputs.plain, names, instance)
+        for i, policy in enumerate(policies):
+            apply_built(f"{name}-netpol-{policy['metadata']['name']}", inputs,
+                        lambda c, i=i: network_policies(c, names, instance)[i],
+                        child_options(self, opts))
+        objects = _objects(receipt, inputs.plain, names, instance)
+        for i, obj in enumerate(objects):
+            apply_built(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", inputs,
+                        lambda c, i=i: _objects(receipt, c, names, instance)[i],
+                        child_options(self, opts))
         self.network_policy_names = pulumi.Output.from_input(
             [p["metadata"]["name"] for p in policies])
         self.monitoring_kinds = pulumi.Output.from_input([o["kind"] for o in objects])

@@ -16,14 +16,14 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from k3infra.config import NAMESPACE, ServingConfig, WeightsConfig
+from k3infra.config import CONFIG_NAMESPACE, ServingConfig, WeightsConfig
 
 
 def value(key: str) -> Any:
     """`k3:<key>` decoded (JSON objects, booleans, numbers), or None when unset."""
     from pulumi.runtime import config as runtime_config
 
-    raw = runtime_config.get_config(f"{NAMESPACE}:{key}")
+    raw = runtime_config.get_config(f"{CONFIG_NAMESPACE}:{key}")
     if not isinstance(raw, str):
         return raw
     text = raw.strip()

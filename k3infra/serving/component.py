@@ -1,12 +1,13 @@
 """`VllmServing`: registers the serving objects the pure builders return."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import pulumi
 
 from k3infra.config import StackConfig
-from k3infra.kube import apply_manifest
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_built, child_options
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
@@ -18,28 +19,36 @@ ROLLOUT_MARGIN_SECONDS = 1800
 
 
 class VllmServing(pulumi.ComponentResource):
-    """The vLLM StatefulSet with the receipt's flags, its Services and PDB."""
+    """The vLLM StatefulSet with the receipt's flags, its Services and PDB.
+
+    `depends_on` (the weights Job, the Secrets, the node pool) is recorded on the
+    StatefulSet itself; the component's own `opts.depends_on` on every child."""
 
     statefulset: pulumi.CustomResource
     service_name: pulumi.Output[str]
 
-    def __init__(self, name: str, receipt: Receipt, cfg: StackConfig, image: Any,
-                 weights: WeightsParts, names: m.ServingNames, instance: str,
+    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
+                 image: Any, weights: Union[WeightsParts, Callable[[StackConfig], WeightsParts]],
+                 names: m.ServingNames, instance: str,
                  depends_on: Sequence[pulumi.Resource] = (),
                  opts: Optional[pulumi.ResourceOptions] = None):
+        inputs = StackInputs.of(cfg)
+        plain = inputs.plain
+        parts = weights if callable(weights) else (lambda _c: weights)
         super().__init__("k3infra:index:VllmServing", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        budget = startup_budget_seconds(receipt, cfg.serving)
+        budget = startup_budget_seconds(receipt, plain.serving)
         # Pods start together on create (Parallel) but roll one node at a time on update.
         create = f"{(budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
-        update = f"{(cfg.replicas * budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
-        self.statefulset = apply_manifest(
-            f"{name}-statefulset", m.statefulset(receipt, cfg, image, weights, names, instance),
-            pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=list(depends_on),
-                custom_timeouts=pulumi.CustomTimeouts(create=create, update=update))))
-        for svc in m.services(cfg, names, instance):
-            apply_manifest(f"{name}-svc-{svc['metadata']['name']}", svc, child)
-        apply_manifest(f"{name}-pdb", m.disruption_budget(names, instance), child)
+        update = f"{(plain.replicas * budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
+        self.statefulset = apply_built(
+            f"{name}-statefulset", inputs,
+            lambda c: m.statefulset(receipt, c, image, parts(c), names, instance),
+            child_options(self, opts, *depends_on,
+                          custom_timeouts=pulumi.CustomTimeouts(create=create, update=update)))
+        for i, svc in enumerate(m.services(plain, names, instance)):
+            apply_built(f"{name}-svc-{svc['metadata']['name']}", inputs,
+                        lambda c, i=i: m.services(c, names, instance)[i], child_options(self, opts))
+        apply_built(f"{name}-pdb", inputs, lambda c: m.disruption_budget(names, instance),
+                    child_options(self, opts))
         self.service_name = pulumi.Output.from_input(names.service)
         self.register_outputs({"service_name": self.service_name})

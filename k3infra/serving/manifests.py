@@ -7,11 +7,12 @@ serves `pulumi up` (Outputs) and the offline render (strings).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from k3infra import checkov_skips, placement
+from k3infra import checkov_skips, naming, placement
 from k3infra.serving import proxy
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
@@ -19,7 +20,7 @@ from k3infra.receipt import Receipt
 from k3infra.serving.startup import PROBE_PERIOD_SECONDS, StartupBudget, startup_budget_seconds
 from k3infra.weights.manifests import WeightsParts
 
-APP = "kimi-k3"
+APP = naming.APP
 CACHE_ROOT = "/cache"                 # the compile-cache volume (survives pod restarts)
 API_KEY_SECRET_KEY = "api-key"
 PROXY_SECRET_VOLUME = "proxy"
@@ -28,6 +29,7 @@ ENGINE_HOST = "127.0.0.1"
 # Endpoints and kube-proxy / load balancers need a few seconds to stop sending new
 # requests to a terminating pod.
 ENDPOINT_PROPAGATION_SECONDS = 10
+WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
 # Left between the end of the drain and the grace period's SIGKILL, for vLLM's own
 # shutdown (workers, NCCL teardown).
 SHUTDOWN_SECONDS = 30
@@ -172,6 +174,31 @@ def update_strategy(cfg: StackConfig) -> dict:
             "rollingUpdate": {"partition": cfg.serving.update_partition}}
 
 
+def await_annotations(cfg: StackConfig) -> dict[str, str]:
+    """When `pulumi up` counts the StatefulSet as done (pulumi-kubernetes' await).
+
+    The built-in StatefulSet await waits for currentRevision == updateRevision, which a
+    canary (RollingUpdate with updatePartition > 0) never reaches: the pods below the
+    partition keep the old revision on purpose, and `pulumi up` would fail at its
+    timeout. For a canary, `pulumi.com/waitFor` replaces the built-in await: done once
+    the status is current (pulumi-kubernetes checks observedGeneration before any
+    JSONPath), every replica is ready and at least the replicas above the partition run
+    the new revision. On create every pod starts at the new revision, so the same
+    expression holds. `>=` cannot be written (the annotation's parser splits on `=`), so
+    the count is `> n - 1`; `==` is kept by that parser. Without a canary, and with
+    OnDelete, the built-in await stays (OnDelete: pulumi-kubernetes does not wait for a
+    rollout it cannot start)."""
+    s = cfg.serving
+    if s.update_strategy != "RollingUpdate" or s.update_partition == 0:
+        return {}
+    canary = cfg.replicas - s.update_partition
+    test = f"@.readyReplicas == {cfg.replicas}"
+    if canary > 0:
+        test += f" && @.updatedReplicas > {canary - 1}"
+    # `$[?...]` visits the object's top-level members: only `status` has these fields.
+    return {WAIT_FOR_ANNOTATION: json.dumps([f"jsonpath={{$[?{test}]}}"])}
+
+
 def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
     """vLLM's /health from inside its own container: it listens on loopback only, and
     its liveness must not depend on the proxy (a proxy hiccup must not reload 1.5 TB)."""
@@ -221,8 +248,9 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         "terminationGracePeriodSeconds": cfg.serving.termination_grace_seconds,
         "securityContext": pod_security_context(),
         "affinity": {
-            "nodeAffinity": placement.node_affinity([cfg.gpu_product],
-                                                    cfg.node_pool.provider != "existing"),
+            "nodeAffinity": placement.node_affinity(
+                [cfg.gpu_product], naming.pool_label_value(instance)
+                if cfg.node_pool.provider != "existing" else None),
             "podAntiAffinity": placement.one_replica_per_node(sel)},
         "tolerations": placement.tolerations(),
         "initContainers": list(weights.init_containers),
@@ -245,7 +273,8 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": names.statefulset, "namespace": names.namespace,
                      "labels": labels(instance),
-                     "annotations": {**pin_annotations(receipt, cfg), **checkov_skips.annotations(
+                     "annotations": {**pin_annotations(receipt, cfg), **await_annotations(cfg),
+                                     **checkov_skips.annotations(
                          checkov_skips.ENGINE_IMAGE_UID, checkov_skips.VLLM_API_KEY_ENV)}},
         "spec": {
             "serviceName": names.headless,

@@ -46,13 +46,14 @@ class StackLock:
         return self.lock.total_bytes
 
 
-def load_stack_lock(receipt: Receipt, cfg: StackConfig,
-                    root: Optional[Path] = None) -> Optional[StackLock]:
+def load_stack_lock(receipt: Receipt, cfg: StackConfig, root: Optional[Path] = None,
+                    check_revision: bool = True) -> Optional[StackLock]:
     """`k3:weights.lockFile`, checked at program start: a well-formed k3-tree-v1 lock
     (its digest recomputed from its file list), of the configured revision, of the
     receipt's tree unless `k3:profile` is custom. None when the stack ships no lock (the
     prefetch Job then derives it from the Hub at the pinned revision and checks the same
-    digest in the pod)."""
+    digest in the pod). `check_revision=False` leaves the revision to
+    `check_lock_revision` (k3:weightsRevision wired from an Output: checked in apply)."""
     if cfg.weights.lock_file is None:
         return None
     path = Path(cfg.weights.lock_file)
@@ -63,13 +64,20 @@ def load_stack_lock(receipt: Receipt, cfg: StackConfig,
         text = path.read_text()
     except LockError as exc:
         raise ConfigError(KEY, cfg.weights.lock_file, f"must be a valid k3-tree-v1 lock: {exc}")
-    if lock.revision != cfg.weights_revision:
-        raise ConfigError(KEY, cfg.weights.lock_file,
-                          f"the lock pins revision {lock.revision}, k3:weightsRevision is "
-                          f"{cfg.weights_revision}: they must be the same commit")
+    stack_lock = StackLock(str(path), text, lock)
+    if check_revision:
+        check_lock_revision(stack_lock, cfg)
     verdict = compare_with_receipt(lock, receipt.model.tree_digest)
     if verdict is not True and cfg.profile != "custom":
         raise NotMeasuredTree(KEY, cfg.weights.lock_file,
                               f"{verdict}; k3:profile custom serves another tree, labelled "
                               "as not measured")
-    return StackLock(str(path), text, lock)
+    return stack_lock
+
+
+def check_lock_revision(stack_lock: Optional[StackLock], cfg: StackConfig) -> None:
+    if stack_lock is not None and stack_lock.lock.revision != cfg.weights_revision:
+        raise ConfigError(KEY, cfg.weights.lock_file,
+                          f"the lock pins revision {stack_lock.lock.revision}, "
+                          f"k3:weightsRevision is {cfg.weights_revision}: they must be the "
+                          "same commit")

@@ -1,0 +1,54 @@
+"""How the Kubernetes names of one K3ServingStack derive from its instance name.
+
+The rule (docs/configuration.md, "Names"):
+
+- the instance name is the component's Pulumi name (`K3ServingStack("kimi-k3", ...)`);
+  it must be a DNS-1035 label of at most MAX_INSTANCE_LENGTH characters;
+- every namespaced object is `<instance>` or `<instance>-<suffix>` (StatefulSet and
+  Service `<instance>`, `<instance>-headless`, `<instance>-api-key`,
+  `<instance>-weights-prefetch`, `<instance>-engine-build-<hash>`, ...);
+- the namespace is k3:namespace, or the instance name when unset; the in-cluster build's
+  namespace is k3:engine.buildNamespace, or `<namespace>-build`;
+- labels: `app.kubernetes.io/name: kimi-k3` (what runs) and
+  `app.kubernetes.io/instance: <instance>` (which copy); every selector includes the
+  instance, so two instances never select each other's pods;
+- node pools label their nodes `k3infra.dev/pool: <instance>`, and the serving pods
+  of k3infra-created pools require that label.
+
+Two instances with different names therefore share no Kubernetes object. Cluster-wide
+add-ons (the GPU Operator) are not part of an instance: `k3infra.nodepool.addons`'
+`GpuOperator` component is created once per cluster.
+"""
+from __future__ import annotations
+
+import re
+
+from k3infra.config import ConfigError
+
+APP = "kimi-k3"                      # app.kubernetes.io/name of every instance
+LABEL_MAX = 63                       # Kubernetes label values and DNS labels
+# The longest derived name is the in-cluster build's context ConfigMap,
+# `<instance>-engine-context-<10 hex>` (26 characters on top of the instance); every
+# derived name, label value and Job pod label must fit in LABEL_MAX.
+LONGEST_SUFFIX = len("-engine-context-") + 10
+MAX_INSTANCE_LENGTH = LABEL_MAX - LONGEST_SUFFIX          # 37
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_instance_name(name: str) -> str:
+    """Refuse an instance name that cannot prefix every derived Kubernetes name."""
+    if not isinstance(name, str) or not _DNS_1035.match(name):
+        raise ConfigError("K3ServingStack name", name,
+                          "must be a DNS-1035 label (lowercase letters, digits and '-', "
+                          "starting with a letter): it prefixes every Kubernetes name")
+    if len(name) > MAX_INSTANCE_LENGTH:
+        raise ConfigError("K3ServingStack name", name,
+                          f"is {len(name)} characters; at most {MAX_INSTANCE_LENGTH}, so the "
+                          f"longest derived name (<name>-engine-context-<hash>) fits the "
+                          f"{LABEL_MAX}-character label limit")
+    return name
+
+
+def pool_label_value(instance: str) -> str:
+    """`k3infra.dev/pool` on the nodes of this instance's pool."""
+    return instance

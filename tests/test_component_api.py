@@ -1,0 +1,303 @@
+"""K3ServingStack as a component in someone else's program: every wireable arg takes an
+Output of another resource, an explicit provider reaches every child, names derive from
+the instance, children record their own dependencies, and wired values are validated
+inside apply with the messages plain values get."""
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+
+from k3infra import naming
+from k3infra.config import ConfigError, parse_stack_config
+from k3infra.gates import GateError
+from k3infra.inputs import WIREABLE
+from k3infra.receipt import load_receipt
+from k3infra.stack import K3ServingStack
+
+from conftest import GOOD_REVISION
+from program_harness import record
+
+IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "5e" * 32
+AWS_WIRED = {"clusterName": "prod-eks",
+             "nodeRoleArn": "arn:aws:iam::123456789012:role/eks-node",
+             "subnetId": "subnet-0123456789abcdef0",
+             "securityGroupId": "sg-0123456789abcdef0"}
+
+
+def source(name: str, values: dict) -> tuple[pulumi.CustomResource, dict]:
+    """Stands for any resource whose outputs a user wires in (an EKS cluster, a build, a
+    random password): per key, an Output that resolves once the resource is registered."""
+    res = pulumi.CustomResource("test:index:Source", name, dict(values))
+    return res, {k: res.urn.apply(lambda _u, v=v: v) for k, v in values.items()}
+
+
+def wired_args(o: dict, **over) -> dict:
+    args = {
+        "weightsRevision": o["revision"], "apiKey": pulumi.Output.secret(o["password"]),
+        "hfToken": o["token"], "engineImage": o["image"], "acceptModelLicense": True,
+        "nodePool": {"provider": "aws", "aws": {
+            "clusterName": o["clusterName"], "nodeRoleArn": o["nodeRoleArn"],
+            "subnets": [{"id": o["subnetId"], "availabilityZone": "us-east-1b"}],
+            "securityGroupIds": [o["securityGroupId"]]}},
+    }
+    args.update(over)
+    return args
+
+
+def _values(**over) -> dict:
+    return {"revision": GOOD_REVISION, "password": "sk-generated", "token": "hf_generated",
+            "image": IMAGE, **AWS_WIRED, **over}
+
+
+def _wired_program(holder: dict, **values):
+    def program():
+        _, o = source("upstream", _values(**values))
+        k8s_provider = k8s.Provider("target-cluster", kubeconfig="{}")
+        import pulumi_aws as aws
+        aws_provider = aws.Provider("target-account", region="us-east-1")
+        holder["stack"] = K3ServingStack(
+            "kimi-k3", wired_args(o),
+            pulumi.ResourceOptions(providers=[k8s_provider, aws_provider]),
+            receipt=load_receipt())
+        return pulumi.Output.all(*holder["stack"].outputs().values())
+    return program
+
+
+def test_every_wireable_arg_takes_an_output_and_the_provider_reaches_every_child():
+    holder: dict = {}
+    rec = record(_wired_program(holder))
+    provider = rec.named("target-cluster")
+    aws_provider = rec.named("target-account")
+    kube = rec.kubernetes()
+    assert len(kube) > 10
+    for r in kube:
+        assert r.provider and r.provider.startswith(provider.urn + "::"), (r.type, r.name)
+    cloud = [r for r in rec.resources if r.type.startswith("aws:") and r.name != "target-account"]
+    assert {r.type for r in cloud} == {"aws:ec2/launchTemplate:LaunchTemplate",
+                                       "aws:eks/nodeGroup:NodeGroup"}
+    for r in cloud:
+        assert r.provider.startswith(aws_provider.urn + "::"), r.name
+
+    # The wired values reach the objects they configure.
+    (sts,) = rec.of_type("kubernetes:apps/v1:StatefulSet")
+    ann = sts.inputs["metadata"]["annotations"]
+    assert ann["k3infra.dev/weights-revision"] == GOOD_REVISION
+    vllm = sts.inputs["spec"]["template"]["spec"]["containers"][0]
+    assert vllm["image"] == IMAGE
+    assert vllm["args"][0].endswith(f"/moonshotai--Kimi-K3/{GOOD_REVISION}")
+    (group,) = rec.of_type("aws:eks/nodeGroup:NodeGroup")
+    assert group.inputs["clusterName"] == "prod-eks"
+    assert group.inputs["nodeRoleArn"] == AWS_WIRED["nodeRoleArn"]
+    assert group.inputs["subnetIds"] == [AWS_WIRED["subnetId"]]
+    (lt,) = rec.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert lt.inputs["networkInterfaces"][0]["securityGroups"] == [AWS_WIRED["securityGroupId"]]
+    (job,) = [r for r in rec.of_type("kubernetes:batch/v1:Job") if "weights" in r.name]
+    env = {e["name"]: e.get("value") for e in
+           job.inputs["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["K3_REVISION"] == GOOD_REVISION
+    secrets = {r.inputs["metadata"]["name"]: r for r in rec.of_type("kubernetes:core/v1:Secret")}
+    assert set(secrets) == {"kimi-k3-api-key", "kimi-k3-hf-token"}
+
+
+def test_the_wired_keys_are_the_ones_documented():
+    """Every WIREABLE key is one a user wires from another resource; the test program
+    above covers the ones of the AWS pool, the image, the revision and both secrets."""
+    assert {"weightsRevision", "engineImage", "nodePool.aws.clusterName",
+            "nodePool.aws.nodeRoleArn", "nodePool.aws.subnets[].id",
+            "nodePool.aws.securityGroupIds[]"} <= set(WIREABLE)
+
+
+def _plain_error(**raw) -> str:
+    base = {"weightsRevision": GOOD_REVISION, "apiKey": "x", "engineImage": IMAGE}
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config({**base, **raw}, receipt=load_receipt())
+    return str(err.value)
+
+
+def test_a_wired_value_is_validated_in_apply_with_the_plain_message():
+    with pytest.raises(Exception) as err:
+        record(_wired_program({}, revision="main"))
+    assert _plain_error(weightsRevision="main") in str(err.value)
+
+
+def test_a_wired_cloud_id_is_validated_in_apply_with_the_plain_message():
+    with pytest.raises(Exception) as err:
+        record(_wired_program({}, subnetId="subnet-XYZ"))
+    assert "k3:nodePool.aws.subnets.id = 'subnet-XYZ'" in str(err.value)
+
+
+def test_a_wired_placeholder_is_refused_by_an_update(monkeypatch):
+    monkeypatch.setenv("K3INFRA_OFFLINE_RENDER", "1")     # ignored: not how a render is asked
+    with pytest.raises(Exception) as err:
+        record(_wired_program({}, revision="0" * 40))
+    assert "refusing to update" in str(err.value)
+    assert "k3:weightsRevision" in str(err.value)
+
+
+def test_a_structural_key_refuses_an_output():
+    def program():
+        _, o = source("upstream", {"n": 2, **_values()})
+        K3ServingStack("kimi-k3", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                   "engineImage": IMAGE, "replicas": o["n"]},
+                       receipt=load_receipt())
+    with pytest.raises(ConfigError) as err:
+        record(program)
+    assert str(err.value).startswith("k3:replicas = '<Output>': must be a plain value")
+
+
+# --- names -----------------------------------------------------------------------------
+
+def _names(rec) -> set[tuple[str, str, str]]:
+    return {(r.type, r.inputs["metadata"].get("namespace", ""), r.inputs["metadata"]["name"])
+            for r in rec.kubernetes()}
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"nodePool": {"provider": "coreweave", "localNvmeGB": 30000},
+     "weights": {"mode": "node-local"},
+     "engine": {"build": "in-cluster", "registry": "registry.example.com/k3/vllm",
+                "registrySecret": "push"}, "engineImage": None},
+], ids=["existing-shared-prebuilt", "coreweave-nodelocal-incluster"])
+def test_two_instances_share_no_kubernetes_object(extra):
+    extra = {k: v for k, v in extra.items() if v is not None}
+
+    def program():
+        for name in ("kimi-a", "kimi-b"):
+            args = {"weightsRevision": GOOD_REVISION, "apiKey": "x", "acceptModelLicense": True,
+                    "hfToken": "hf", "benchmark": {"enabled": True},
+                    "monitoring": {"serviceMonitor": True, "prometheusRule": True,
+                                   "dashboard": True}, **extra}
+            if args.get("engine", {}).get("build", "prebuilt") == "prebuilt":
+                args["engineImage"] = IMAGE
+            K3ServingStack(name, args, receipt=load_receipt(), offline_render=True)
+
+    rec = record(program)
+    a = {n for n in _names(rec) if "kimi-a" in (n[1] + n[2])}
+    b = _names(rec) - a
+    assert a and b and len(a) == len(b)
+    assert not a & b
+    # Each instance's objects sit in its own namespace, named after it.
+    assert {ns for _, ns, _ in a} - {""} <= {"kimi-a", "kimi-a-build"}
+    selectors = [r.inputs["spec"]["selector"]["matchLabels"]
+                 for r in rec.of_type("kubernetes:apps/v1:StatefulSet")]
+    assert sorted(s["app.kubernetes.io/instance"] for s in selectors) == ["kimi-a", "kimi-b"]
+
+
+def test_pool_nodes_and_serving_affinity_carry_the_instance():
+    def program():
+        for name in ("kimi-a", "kimi-b"):
+            K3ServingStack(name, {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                  "engineImage": IMAGE, "nodePool": {"provider": "coreweave"}},
+                           receipt=load_receipt())
+    rec = record(program, preview=True)
+    pools = rec.of_type("kubernetes:compute.coreweave.com/v1alpha1:NodePool")
+    assert sorted(p.inputs["spec"]["nodeLabels"]["k3infra.dev/pool"] for p in pools) == \
+        ["kimi-a", "kimi-b"]
+    for sts in rec.of_type("kubernetes:apps/v1:StatefulSet"):
+        name = sts.inputs["metadata"]["name"]
+        terms = sts.inputs["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": "k3infra.dev/pool", "operator": "In", "values": [name]} in \
+            terms[0]["matchExpressions"]
+
+
+def test_the_longest_instance_name_fits_every_kubernetes_limit():
+    name = "k" * naming.MAX_INSTANCE_LENGTH
+    assert naming.MAX_INSTANCE_LENGTH == 37
+
+    def program():
+        K3ServingStack(name, {
+            "weightsRevision": GOOD_REVISION, "apiKey": "x", "hfToken": "hf",
+            "benchmark": {"enabled": True}, "monitoring": {"serviceMonitor": True,
+                                                          "prometheusRule": True,
+                                                          "dashboard": True},
+            "engine": {"build": "in-cluster", "registry": "registry.example.com/k3/vllm",
+                       "registrySecret": "push"}}, receipt=load_receipt(), offline_render=True)
+    rec = record(program)
+    longest = 0
+    for r in rec.kubernetes():
+        meta = r.inputs["metadata"]
+        longest = max(longest, len(meta["name"]))
+        assert len(meta["name"]) <= 63, meta["name"]
+        for value in (meta.get("labels") or {}).values():
+            assert len(value) <= 63, (meta["name"], value)
+    assert longest == 63       # the engine's context ConfigMap: exactly at the limit
+
+
+@pytest.mark.parametrize("name, why", [
+    ("k" * 38, "is 38 characters; at most 37"),
+    ("Kimi", "must be a DNS-1035 label"),
+    ("9kimi", "must be a DNS-1035 label"),
+])
+def test_an_instance_name_that_cannot_prefix_every_name_is_refused(name, why):
+    with pytest.raises(ConfigError) as err:
+        naming.check_instance_name(name)
+    assert str(err.value) == f"K3ServingStack name = {name!r}: " + str(err.value).split(": ", 1)[1]
+    assert why in str(err.value)
+
+
+# --- dependencies on the children ------------------------------------------------------
+
+def test_children_record_the_dependencies_they_need():
+    def program():
+        addons = pulumi.CustomResource("test:index:ClusterWide", "cluster-addons", {})
+        K3ServingStack("kimi-k3", {
+            "weightsRevision": GOOD_REVISION, "apiKey": "x", "engineImage": IMAGE,
+            "hfToken": "hf", "nodePool": {"provider": "coreweave"}},
+            pulumi.ResourceOptions(depends_on=[addons]), receipt=load_receipt())
+    rec = record(program, preview=True)
+    addons = rec.named("cluster-addons").urn
+    ns = rec.named("kimi-k3-namespace").urn
+    pool = rec.named("kimi-k3-pool-cks-nodepool").urn
+    job = rec.named("kimi-k3-weights-job")
+    sts = rec.named("kimi-k3-serving-statefulset")
+    secrets = {rec.named("kimi-k3-api-key").urn, rec.named("kimi-k3-hf-token").urn}
+    # The prefetch waits for the nodes (replacing the pool re-runs it) and its secret.
+    assert {addons, ns, pool, *secrets} <= set(job.dependencies)
+    assert {addons, ns, pool, job.urn, *secrets} <= set(sts.dependencies)
+    for name in ("kimi-k3-serving-svc-kimi-k3", "kimi-k3-serving-svc-kimi-k3-headless",
+                 "kimi-k3-serving-pdb", "kimi-k3-operations-netpol-kimi-k3-serving"):
+        assert {addons, ns} <= set(rec.named(name).dependencies), name
+    # Every Kubernetes object of the instance waits for the cluster-wide add-ons.
+    for r in rec.kubernetes():
+        assert addons in r.dependencies, r.name
+
+
+# --- the canary's await ------------------------------------------------------------------
+
+def test_a_canary_rollout_awaits_ready_pods_not_a_finished_rollout():
+    from k3infra.serving import manifests as m
+
+    cfg = parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                              "engineImage": IMAGE, "replicas": 3,
+                              "serving": {"updatePartition": 2}}, receipt=load_receipt())
+    assert m.await_annotations(cfg) == {"pulumi.com/waitFor": json.dumps(
+        ["jsonpath={$[?@.readyReplicas == 3 && @.updatedReplicas > 0]}"])}
+    hold_all = cfg.model_copy(update={"serving": cfg.serving.model_copy(
+        update={"update_partition": 3})})
+    assert m.await_annotations(hold_all) == {"pulumi.com/waitFor": json.dumps(
+        ["jsonpath={$[?@.readyReplicas == 3]}"])}
+    no_canary = cfg.model_copy(update={"serving": cfg.serving.model_copy(
+        update={"update_partition": 0})})
+    assert m.await_annotations(no_canary) == {}
+    on_delete = cfg.model_copy(update={"serving": cfg.serving.model_copy(
+        update={"update_strategy": "OnDelete"})})
+    assert m.await_annotations(on_delete) == {}
+
+
+def test_the_wait_for_expression_parses_as_pulumi_kubernetes_parses_it():
+    """pulumi-kubernetes splits `jsonpath=` expressions on a single '=' (keeping '==')
+    and reads the path between one pair of braces: the expression must survive both."""
+    from k3infra.serving import manifests as m
+
+    cfg = parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                              "engineImage": IMAGE, "replicas": 2,
+                              "serving": {"updatePartition": 1}}, receipt=load_receipt())
+    (expr,) = json.loads(m.await_annotations(cfg)["pulumi.com/waitFor"])
+    body = expr[len("jsonpath="):]
+    assert "=" not in body.replace("==", "")
+    assert body.count("{") == body.count("}") == 1 and body.startswith("{$")
