@@ -747,13 +747,19 @@ def _accepted(err: dict) -> str:
     return msg
 
 
-def _decode(key: str, value: Any) -> Any:
-    """Config values arrive as strings; objects and lists are JSON (Pulumi's wire form)."""
-    if isinstance(value, str) and value.startswith(("{", "[")):
+def decode_value(key: str, value: Any) -> Any:
+    """The one decoder of Pulumi's wire form (stack program, `--config`, policy pack):
+    "true"/"false" are booleans, objects and lists are JSON, anything else is as given.
+    Invalid JSON raises ConfigError naming `key`."""
+    if not isinstance(value, str):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    if value.startswith(("{", "[")):
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{CONFIG_NAMESPACE}:{key}", value, f"is not valid JSON ({exc.msg})")
+            raise ConfigError(key, value, f"is not valid JSON ({exc.msg})") from None
     return value
 
 
@@ -773,7 +779,7 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *
         if key in SECRET_KEYS or full_key in secret_keys or key in secret_keys:
             value = Secret(value) if value not in (None, "") else value
         else:
-            value = _decode(key, value)
+            value = decode_value(f"{CONFIG_NAMESPACE}:{key}", value)
         data[key] = value
     known = {f.alias or n for n, f in StackConfig.model_fields.items()}
     for key in data:
@@ -892,14 +898,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     if ":" not in key:
         key = f"{CONFIG_NAMESPACE}:{key}"
     top, *path = key.split(".")
-    parsed: Any = value
-    if value in ("true", "false"):
-        parsed = value == "true"
-    elif value.startswith(("[", "{")):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            raise ConfigError(key, value, "is not valid JSON")
+    parsed = decode_value(key, value)
     if not path:
         raw[top] = parsed
         return

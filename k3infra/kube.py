@@ -12,7 +12,7 @@ state records the edge on the object that needs it, not only on the component.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
 
 import pulumi
 import pulumi_kubernetes as k8s

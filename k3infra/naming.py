@@ -48,7 +48,3 @@ def check_instance_name(name: str) -> str:
                           f"{LABEL_MAX}-character label limit")
     return name
 
-
-def pool_label_value(instance: str) -> str:
-    """`k3infra.dev/pool` on the nodes of this instance's pool."""
-    return instance

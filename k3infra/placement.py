@@ -50,6 +50,12 @@ def node_affinity(gpu_products: list[str], pool: str | None) -> dict:
         "nodeSelectorTerms": [{"matchExpressions": expressions}]}}
 
 
+def pool_of(provider: str, instance: str) -> str | None:
+    """The pool label value pods of `instance` require: its own pool's, unless the nodes
+    are bring-your-own (`existing`), which carry no k3infra pool label."""
+    return None if provider == "existing" else instance
+
+
 def one_replica_per_node(selector_labels: dict[str, str]) -> dict:
     """One serving pod = one 8-GPU node: never two replicas on one node."""
     return {"requiredDuringSchedulingIgnoredDuringExecution": [{

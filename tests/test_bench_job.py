@@ -29,12 +29,12 @@ def test_job_runs_after_the_serving_statefulset():
     r = render("existing", PIN, ON)
     by_name = {res["name"]: res for res in r.resources}
     comp = r.by_type("k3infra:index:Benchmark")
-    assert len(comp) == 1 and comp[0]["parent"] == by_name["k3"]["urn"]
-    job = by_name["k3-benchmark-job"]
+    assert len(comp) == 1 and comp[0]["parent"] == by_name["kimi-k3"]["urn"]
+    job = by_name["kimi-k3-benchmark-job"]
     assert job["parent"] == comp[0]["urn"]
-    assert by_name["k3-serving-statefulset"]["urn"] in job["dependsOn"]
-    assert by_name["k3-benchmark-runtime"]["urn"] in job["dependsOn"]
-    assert by_name["k3-benchmark-results"]["urn"] in job["dependsOn"]
+    assert by_name["kimi-k3-serving-statefulset"]["urn"] in job["dependsOn"]
+    assert by_name["kimi-k3-benchmark-runtime"]["urn"] in job["dependsOn"]
+    assert by_name["kimi-k3-benchmark-results"]["urn"] in job["dependsOn"]
     assert job["customTimeouts"]["create"] == f"{(90 * 60 + 600) // 60}m"
     # registration order too: the Job comes after the StatefulSet in the render
     kinds = [(m["kind"], m["metadata"]["name"]) for m in r.manifests()]

@@ -12,7 +12,6 @@ import pytest
 
 from k3infra import naming
 from k3infra.config import ConfigError, parse_stack_config
-from k3infra.gates import GateError
 from k3infra.inputs import WIREABLE
 from k3infra.receipt import load_receipt
 from k3infra.stack import K3ServingStack

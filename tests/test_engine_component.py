@@ -201,7 +201,7 @@ def test_in_cluster_registers_rbac_configmaps_job_and_one_read():
     assert kinds == {"Namespace": 1, "NetworkPolicy": 2, "ServiceAccount": 1, "Role": 1,
                      "RoleBinding": 1, "ConfigMap": 4, "Job": 1}
     reads = [r for r in mocks.resources if r.resource_id]
-    assert [r.resource_id.split("/")[0] for r in reads] == ["k3-build"]
+    assert [r.resource_id.split("/")[0] for r in reads] == ["kimi-k3-build"]   # namespace unset: the base name
     context = next(r for r in mocks.resources if r.name == "engine-context")
     assert set(context.inputs["data"]) == set(ec.RECIPE_FILES)
     assert context.inputs["data"]["Dockerfile"] == (ROOT / "images" / "Dockerfile").read_text()

@@ -16,6 +16,7 @@ import pytest
 from k3infra import checkov_skips
 
 from k3infra.config import parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.engine import component as ec
 from k3infra.engine import manifests as em
 from k3infra.engine.plan import build_namespace, resolve_engine
@@ -34,7 +35,7 @@ API_SERVER = "10.0.0.10/32"
 
 
 def cfg(**engine):
-    return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", "engine": {
+    return parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k", "namespace": "k3", "engine": {
         "build": "in-cluster", "registry": REPO, "registrySecret": "push",
         "cacheRegistry": CACHE_REPO, "cacheRegistrySecret": "cache-push",
         "apiServerCidrs": [API_SERVER], **engine}}, receipt=load_receipt())

@@ -75,8 +75,8 @@ def test_in_cluster_render_shows_the_build_and_the_image_is_its_output(receipt):
     # the Job waits for its RBAC and ConfigMaps (the result read, a ReadResource, is
     # not a registration and so not in plan.json; test_engine_component covers it)
     deps = {resources[n]["urn"] for n in (
-        "k3-engine-namespace", "k3-engine-service-account", "k3-engine-role",
-        "k3-engine-role-binding", "k3-engine-job-files", "k3-engine-result", "k3-engine-context")}
+        "kimi-k3-engine-namespace", "kimi-k3-engine-service-account", "kimi-k3-engine-role",
+        "kimi-k3-engine-role-binding", "kimi-k3-engine-job-files", "kimi-k3-engine-result", "kimi-k3-engine-context")}
     assert deps <= set(job_res["dependsOn"])
     assert job_res["customTimeouts"]["create"].endswith("m")
     # the StatefulSet's image is the build's digest output (a labelled placeholder offline)

@@ -58,7 +58,7 @@ def test_aws_stack_registers_an_eks_node_group_of_p6_b300():
     assert inputs["instanceTypes"] == ["p6-b300.48xlarge"]
     assert inputs["amiType"] == "AL2023_x86_64_NVIDIA"
     assert inputs["capacityType"] == "CAPACITY_BLOCK"          # the shipped stack has one
-    assert inputs["labels"] == placement.node_labels()
+    assert inputs["labels"] == placement.node_labels("kimi-k3")     # the instance's pool
     assert inputs["taints"] == TAINT_ENUM
     (template,) = r.by_type("aws:ec2/launchTemplate:LaunchTemplate")
     assert template["urn"] in group["dependsOn"]
@@ -71,13 +71,17 @@ def test_oci_stack_registers_an_oke_node_pool_of_bm_gpu_b300_8():
     assert pool["inputs"]["nodeConfigDetails"]["size"] == 1
 
 
-def test_serving_and_weights_wait_for_the_pool():
+def test_serving_and_weights_wait_for_the_pool_and_the_cluster_addons():
+    """Recorded on the child objects themselves (what the state keeps), not only on
+    their components."""
     r = render("aws", PIN)
     by_name = {res["name"]: res for res in r.resources}
-    group_urn = by_name["k3-pool-nodegroup"]["urn"]
-    chart_urn = by_name["k3-pool-gpu-operator"]["urn"]
-    assert {group_urn, chart_urn} <= set(by_name["k3-serving-statefulset"]["dependsOn"])
-    assert {group_urn, chart_urn} <= set(by_name["k3-weights"]["dependsOn"])
+    group_urn = by_name["kimi-k3-pool-nodegroup"]["urn"]
+    chart_urn = by_name["cluster-addons-gpu-operator"]["urn"]
+    assert {group_urn, chart_urn} <= set(by_name["kimi-k3-serving-statefulset"]["dependsOn"])
+    assert {group_urn, chart_urn} <= set(by_name["kimi-k3-weights-job"]["dependsOn"])
+    # The GPU Operator is cluster-wide: its own component, not the instance's pool.
+    assert by_name["cluster-addons-gpu-operator"]["parent"] == by_name["cluster-addons"]["urn"]
 
 
 # --- placement: pods match the pool ----------------------------------------------------
@@ -219,7 +223,7 @@ def test_aws_karpenter_mode_registers_nodepool_and_ec2nodeclass():
     assert node_class["spec"]["amiSelectorTerms"] == [{"alias": "al2023@latest"}]
     assert node_class["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
     pool = one(reg, "kubernetes:karpenter.sh/v1:NodePool")["spec"]
-    assert pool["template"]["metadata"]["labels"] == placement.node_labels()
+    assert pool["template"]["metadata"]["labels"] == placement.node_labels("k3-pool")
     assert pool["template"]["spec"]["taints"] == placement.node_taints()
     reqs = {r["key"]: r["values"] for r in pool["template"]["spec"]["requirements"]}
     assert reqs["node.kubernetes.io/instance-type"] == ["p6-b300.48xlarge"]
@@ -236,7 +240,7 @@ def test_oci_node_pool_shape_image_labels_and_taints():
                                          "imageId": "ocid1.image.oc1.iad.cccc",
                                          "bootVolumeSizeInGbs": "200"}
     assert pool["nodeConfigDetails"]["computeClusterId"] == "ocid1.computecluster.oc1.iad.eeee"
-    assert {l["key"]: l["value"] for l in pool["initialNodeLabels"]} == placement.node_labels()
+    assert {l["key"]: l["value"] for l in pool["initialNodeLabels"]} == placement.node_labels("k3-pool")
     init = _decoded_user_data(pool["nodeMetadata"]["user_data"])
     assert f"--register-with-taints={placement.kubelet_taints()}" in init
     assert "oke_init_script" in init and "mdadm" not in init   # shared weights: no RAID
@@ -263,7 +267,7 @@ def test_nebius_node_group_platform_preset_labels_and_taints():
     assert group["fixedNodeCount"] == 1
     template = group["template"]
     assert template["resources"] == {"platform": "gpu-b300-sxm", "preset": "8gpu-192vcpu-2768gb"}
-    assert template["metadata"]["labels"] == placement.node_labels()
+    assert template["metadata"]["labels"] == placement.node_labels("k3-pool")
     assert template["taints"] == TAINT_ENUM
     assert template["gpuSettings"] == {"driversPreset": "cuda13.0"}
     assert template["reservationPolicy"] == {"policy": "STRICT", "reservationIds": ["cbg-1"]}
@@ -289,7 +293,7 @@ def test_coreweave_nodepool_custom_resource():
     spec = cr["spec"]
     assert spec["instanceType"] == "b300-8x"
     assert spec["targetNodes"] == 3
-    assert spec["nodeLabels"] == placement.node_labels("NVIDIA-B300-SXM6-AC")
+    assert spec["nodeLabels"] == placement.node_labels("k3-pool", "NVIDIA-B300-SXM6-AC")
     assert spec["nodeTaints"] == placement.node_taints()
     assert not of_type(reg, "kubernetes:helm.sh/v4:Chart")      # CKS: no GPU Operator
 

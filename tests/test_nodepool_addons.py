@@ -13,7 +13,7 @@ from k3infra.nodepool.base import pool_spec
 from k3infra.nodepool.localdisk import raid0_mount_script
 
 from conftest import GOOD_REVISION, render
-from nodepool_harness import AWS, NEBIUS, OCI, one, register_pool, stack_config
+from nodepool_harness import AWS, NEBIUS, OCI, of_type, one, register_pool, run, stack_config
 
 PIN = f"weightsRevision={GOOD_REVISION}"
 
@@ -78,7 +78,10 @@ def test_gpu_operator_switch(receipt):
     byo = stack_config({"provider": "existing", "gpuOperator": "install"})
     (release,) = addon_releases(pool_spec(byo, receipt))
     assert release.values["driver"] == {"enabled": False}
-    reg = register_pool(byo)
+    # Cluster-wide: ClusterAddons installs it, once per cluster; the pool does not.
+    assert not of_type(register_pool(byo), "kubernetes:helm.sh/v4:Chart")
+    from k3infra.nodepool.cluster_addons import ClusterAddons
+    reg = run(lambda: ClusterAddons("cluster-addons", byo, receipt))
     ns = one(reg, "kubernetes:core/v1:Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert one(reg, "kubernetes:helm.sh/v4:Chart")["version"] == load_pins().gpu_operator.version

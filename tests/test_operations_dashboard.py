@@ -93,7 +93,7 @@ def test_configmap_has_the_sidecar_label_and_the_json(receipt):
     r = render("existing", PIN, 'monitoring={"dashboard": true}')
     cm = manifest(r, "ConfigMap", "kimi-k3-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert cm["metadata"]["namespace"] == "k3"
+    assert cm["metadata"]["namespace"] == "kimi-k3"   # k3:namespace unset: the instance name
     assert json.loads(cm["data"][d.FILE_NAME]) == d.dashboard(receipt)
 
 

@@ -81,8 +81,10 @@ def test_operations_component_parents_its_objects():
     assert sorted(c["inputs"]["kind"] for c in children) == sorted(
         ["ConfigMap", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PrometheusRule",
          "Service", "ServiceMonitor"])
-    ns = next(x for x in r.resources if x["name"] == "k3-namespace")
-    assert ns["urn"] in comp["dependsOn"]
+    ns = next(x for x in r.resources if x["name"] == "kimi-k3-namespace")
+    # Each object records the namespace itself (not only its component).
+    for child in children:
+        assert ns["urn"] in child["dependsOn"], child["name"]
 
 
 # --- ServiceMonitor and metrics Service --------------------------------------------------
@@ -99,7 +101,7 @@ def test_servicemonitor_selects_the_metrics_service_only_and_it_selects_the_pods
     pod_labels = manifest(r, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in svc["selector"].items())
     assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
-    assert sm["namespaceSelector"] == {"matchNames": ["k3"]}
+    assert sm["namespaceSelector"] == {"matchNames": ["kimi-k3"]}
     (endpoint,) = sm["endpoints"]
     assert endpoint["path"] == "/metrics" and endpoint["port"] == svc["ports"][0]["name"]
     # The proxy's metrics port: the only one the scraper may reach (issue 21).

@@ -35,14 +35,14 @@ def test_plan_and_manifests_on_disk(tmp_path):
 def test_parents_and_ordering():
     r = render("existing", PIN)
     by_name = {res["name"]: res for res in r.resources}
-    stack_urn = by_name["k3"]["urn"]
-    assert by_name["k3-serving"]["parent"] == stack_urn
-    sts = by_name["k3-serving-statefulset"]
-    assert sts["parent"] == by_name["k3-serving"]["urn"]
-    job_urn = by_name["k3-weights-job"]["urn"]
+    stack_urn = by_name["kimi-k3"]["urn"]
+    assert by_name["kimi-k3-serving"]["parent"] == stack_urn
+    sts = by_name["kimi-k3-serving-statefulset"]
+    assert sts["parent"] == by_name["kimi-k3-serving"]["urn"]
+    job_urn = by_name["kimi-k3-weights-job"]["urn"]
     assert job_urn in sts["dependsOn"]                      # serving waits for verified weights
     assert sts["customTimeouts"]["create"].endswith("m")
-    assert by_name["k3-weights-job"]["customTimeouts"]["create"].endswith("m")
+    assert by_name["kimi-k3-weights-job"]["customTimeouts"]["create"].endswith("m")
 
 
 def test_stack_outputs(receipt):
@@ -51,7 +51,7 @@ def test_stack_outputs(receipt):
     assert out["engineCommit"] == receipt.engine.commit
     assert out["weightsRevision"] == GOOD_REVISION
     assert out["treeDigest"] == receipt.model.tree_digest
-    assert out["endpoint"] == "http://kimi-k3.k3.svc.cluster.local:8000"
+    assert out["endpoint"] == "http://kimi-k3.kimi-k3.svc.cluster.local:8000"
     assert out["servedModelName"] == "kimi-k3"
     assert out["image"].split("@sha256:")[1]
     assert out["licenseName"] == receipt.license.name

@@ -152,7 +152,7 @@ def test_replicas_and_node_local_mode():
     vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
     assert vol["hostPath"]["path"] == "/mnt/k3-weights"
     assert not [m for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"]
-    ns = manifest(r, "Namespace", "k3")["metadata"]["labels"]
+    ns = manifest(r, "Namespace", "kimi-k3")["metadata"]["labels"]
     assert ns["pod-security.kubernetes.io/enforce"] == "privileged"
 
 

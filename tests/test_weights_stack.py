@@ -35,7 +35,7 @@ def test_each_mode_has_the_job_the_gate_and_the_dependency(mode):
     assert [c["name"] for c in pod["initContainers"]] == ["weights-gate"]
     assert "gate.sh" in pod["initContainers"][0]["command"][-1]
     by_name = {x["name"]: x for x in r.resources}
-    assert by_name["k3-weights-job"]["urn"] in by_name["k3-serving-statefulset"]["dependsOn"]
+    assert by_name["kimi-k3-weights-job"]["urn"] in by_name["kimi-k3-serving-statefulset"]["dependsOn"]
     env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
     assert env["K3_WEIGHTS_MODE"] == mode
     assert container(r)["env"][0]["name"] == "PYTORCH_CUDA_ALLOC_CONF"

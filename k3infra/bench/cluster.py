@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
 import json
 import tarfile
@@ -18,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from k3infra.bench import manifests as b
+from k3infra.podcommon import sha256_file
 
 SERVING_SELECTOR = "app.kubernetes.io/name=kimi-k3,app.kubernetes.io/component=serving"
 JOB_SELECTOR = f"app.kubernetes.io/component={b.COMPONENT}"
@@ -185,7 +185,7 @@ def check_sums(run_dir: Path) -> list[str]:
         path = run_dir / rel
         if not path.is_file():
             problems.append(f"{rel}: listed in SHA256SUMS, missing")
-        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        elif sha256_file(path) != digest:
             problems.append(f"{rel}: sha256 differs from SHA256SUMS")
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir).as_posix()

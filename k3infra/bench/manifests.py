@@ -28,6 +28,7 @@ from k3infra.weights.manifests import WeightsParts
 RUNTIME_DIR = "/etc/k3/bench"
 RESULTS_DIR = "/results"
 POD_FILES = ("workload.py", "pod_runner.py")
+SHARED_FILES = ("podcommon.py",)          # from the k3infra package itself (one copy)
 COMPONENT = "benchmark"
 RESULTS_COMPONENT = "benchmark-results"
 READER_COMPONENT = "benchmark-reader"
@@ -74,7 +75,9 @@ def runtime_configmap(names: BenchmarkNames, namespace: str, labels: dict) -> di
     pkg = resources.files("k3infra.bench")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": names.configmap, "namespace": namespace, "labels": labels},
-            "data": {f: pkg.joinpath(f).read_text() for f in POD_FILES}}
+            "data": {**{f: pkg.joinpath(f).read_text() for f in POD_FILES},
+                     **{f: resources.files("k3infra").joinpath(f).read_text()
+                        for f in SHARED_FILES}}}
 
 
 def results_pvc(names: BenchmarkNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
@@ -110,10 +113,11 @@ def job_timeout_seconds(cfg: StackConfig) -> int:
 
 
 
-def _gpu_node_placement(cfg: StackConfig, serving_selector: dict) -> dict:
-    """On a serving node, beside a serving pod: its weights passed that pod's gate."""
+def _gpu_node_placement(cfg: StackConfig, serving_selector: dict, instance: str) -> dict:
+    """On a serving node of this instance's pool, beside a serving pod: its weights
+    passed that pod's gate."""
     return {"affinity": {"nodeAffinity": placement.node_affinity(
-                [cfg.gpu_product], cfg.node_pool.provider != "existing"),
+                [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
                          "podAffinity": placement.beside(serving_selector)},
             "tolerations": placement.tolerations()}
 
@@ -150,13 +154,14 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
-        **_gpu_node_placement(cfg, serving_selector),
+        **_gpu_node_placement(cfg, serving_selector, labels["app.kubernetes.io/instance"]),
         "initContainers": list(weights.init_containers),
         "containers": [container],
         "volumes": [*weight_volumes,
                     {"name": "bench-runtime", "configMap": {
                         "name": names.configmap, "defaultMode": 0o444,
-                        "items": [{"key": f, "path": f} for f in POD_FILES]}},
+                        "items": [{"key": f, "path": f}
+                                  for f in (*POD_FILES, *SHARED_FILES)]}},
                     {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}],
     }

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -31,9 +30,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 try:
+    from k3infra import podcommon
     from k3infra.bench import workload as wl
-except ImportError:  # in the pod: k3infra is not installed; workload.py sits next to us
+except ImportError:  # in the pod: k3infra is not installed; its files sit next to us
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import podcommon  # noqa: E402
     import workload as wl  # noqa: E402
 
 INDEX = "index.json"
@@ -180,21 +181,7 @@ def check_result(path: Path, expected: int) -> str:
 
 # --- evidence -------------------------------------------------------------------------
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+sha256_file = podcommon.sha256_file
 
 
 def write_evidence(run_dir: Path, index: dict) -> dict[str, str]:
@@ -205,10 +192,10 @@ def write_evidence(run_dir: Path, index: dict) -> dict[str, str]:
         if rel in (SUMS, INDEX) or path.name.startswith("."):
             continue
         sums[rel] = sha256_file(path)
-    _atomic_write(run_dir / SUMS, "".join(f"{h}  {p}\n" for p, h in sums.items()))
+    podcommon.atomic_write_text(run_dir / SUMS, "".join(f"{h}  {p}\n" for p, h in sums.items()))
     index["files"] = [{"path": p, "sha256": h, "bytes": (run_dir / p).stat().st_size}
                       for p, h in sums.items()]
-    _atomic_write(run_dir / INDEX, json.dumps(index, indent=1, sort_keys=True) + "\n")
+    podcommon.atomic_write_text(run_dir / INDEX, json.dumps(index, indent=1, sort_keys=True) + "\n")
     return sums
 
 
@@ -300,13 +287,9 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         log(f"run {run_id} FAILED; raw files kept in {run_dir}")
         return 1
-    _atomic_write(Path(args.results) / LATEST, run_id + "\n")
+    podcommon.atomic_write_text(Path(args.results) / LATEST, run_id + "\n")
     log(f"run {run_id} complete: {run_dir} (SHA256SUMS, index.json)")
     return 0
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -319,7 +302,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--results", required=True)
     ap.add_argument("--run-id")
     ap.add_argument("--receipt", required=True)
-    ap.add_argument("--concurrencies", type=_ints, required=True)
+    ap.add_argument("--concurrencies", type=podcommon.int_list, required=True)
     ap.add_argument("--runs", type=int, required=True)
     ap.add_argument("--warmups", type=int, required=True)
     ap.add_argument("--measured", type=int, required=True)

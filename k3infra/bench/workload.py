@@ -28,6 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+try:
+    from k3infra.podcommon import int_list
+except ImportError:  # in the pod: podcommon.py sits next to this file
+    from podcommon import int_list  # noqa: E402
+
 WORKLOAD_ID = "k3-workload-a/v1"
 NONCE_HEX_DIGITS = 16
 ROLES = ("warmup", "measured")
@@ -335,10 +340,6 @@ def write_workload(out_dir: Path, sets: Sequence[PromptSet], meta: dict) -> list
     return written
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="Generate Workload A prompt files")
     ap.add_argument("--tokenizer", required=True,
@@ -348,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-id", required=True)
-    ap.add_argument("--concurrencies", type=_ints, required=True)
+    ap.add_argument("--concurrencies", type=int_list, required=True)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--warmups", type=int, required=True)
     ap.add_argument("--measured", type=int, required=True)

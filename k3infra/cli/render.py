@@ -70,6 +70,11 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _root_cause(exc: BaseException) -> BaseException:
+    seen = {id(exc)}
     while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__
+        nxt = exc.__cause__ or exc.__context__
+        if id(nxt) in seen:          # asyncio can chain an exception to itself
+            break
+        seen.add(id(nxt))
+        exc = nxt
     return exc

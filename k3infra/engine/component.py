@@ -23,6 +23,7 @@ from k3infra.engine import manifests as em
 from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
 from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
                                    image_from_digest, parse_build_result, parse_wheel_record)
+from k3infra import naming
 from k3infra.gates import PLACEHOLDER_HEX, enforce
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_manifest, child_options
@@ -39,7 +40,8 @@ PLACEHOLDER_DIGEST = f"sha256:{PLACEHOLDER_HEX}"
 class EngineBuildArgs(TypedDict, total=False):
     config: Union[StackConfig, StackInputs]  # the validated stack config (required)
     receipt: Receipt         # the receipt the stack deploys (required)
-    base: str                # object name prefix (default: kimi-k3)
+    base: str                # object name prefix (default: kimi-k3); the namespace when
+                             # the config names none
     labels: dict             # labels on build objects
     recipeDir: str           # the images/ directory (default: found from the cwd)
     exportDir: str           # local mode: where pass 1 exports (default: build/engine)
@@ -114,6 +116,9 @@ class EngineBuild(pulumi.ComponentResource):
     def __init__(self, name: str, args: EngineBuildArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
         inputs = StackInputs.of(args["config"])
+        if inputs.plain.namespace is None:     # standalone: named like its objects
+            inputs = inputs.with_plain(lambda c: c.model_copy(
+                update={"namespace": args.get("base", naming.APP)}))
         cfg = inputs.plain
         receipt = args.get("receipt")
         if not isinstance(receipt, Receipt):
@@ -165,7 +170,7 @@ class EngineBuild(pulumi.ComponentResource):
 
         context = recipe_files(recipe) if recipe is not None else {}
         scripts = job_files()
-        names = em.BuildNames(args.get("base", "kimi-k3"), build_namespace(cfg),
+        names = em.BuildNames(args.get("base", naming.APP), build_namespace(cfg),
                               em.build_hash(plan, cfg, context, scripts))
         labels = dict(args.get("labels") or {"app.kubernetes.io/component": "engine-build",
                                              "app.kubernetes.io/part-of": "k3infra"})

@@ -100,7 +100,7 @@ def pool_spec(cfg: StackConfig, receipt: Receipt, name: str = naming.APP,
     return PoolSpec(
         name=name, provider=pool.provider, sku=sku,
         node_count=pool.node_count if pool.node_count is not None else cfg.replicas,
-        labels=placement.node_labels(naming.pool_label_value(instance or name), product_label),
+        labels=placement.node_labels(instance or name, product_label),
         taints=placement.node_taints(),
         node_local_root=cfg.weights.node_local_root if cfg.weights.mode == "node-local" else None,
         gpu_operator=operator,

@@ -11,30 +11,24 @@ can read the same fact from a resource (the profile annotation) prefer the resou
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from k3infra.config import CONFIG_NAMESPACE, ServingConfig, WeightsConfig
+from k3infra.config import (CONFIG_NAMESPACE, ConfigError, ServingConfig, WeightsConfig,
+                            decode_value)
 
 
 def value(key: str) -> Any:
     """`k3:<key>` decoded (JSON objects, booleans, numbers), or None when unset."""
     from pulumi.runtime import config as runtime_config
 
-    raw = runtime_config.get_config(f"{CONFIG_NAMESPACE}:{key}")
-    if not isinstance(raw, str):
-        return raw
-    text = raw.strip()
-    if text in ("true", "false"):
-        return text == "true"
-    if text.startswith(("{", "[")):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return raw
-    return raw
+    full_key = f"{CONFIG_NAMESPACE}:{key}"
+    raw = runtime_config.get_config(full_key)
+    try:
+        return decode_value(full_key, raw.strip() if isinstance(raw, str) else raw)
+    except ConfigError:
+        return raw       # the program refuses it; a policy judges what was created
 
 
 def _section(key: str, model: type[BaseModel]) -> Any:

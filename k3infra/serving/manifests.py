@@ -249,8 +249,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         "securityContext": pod_security_context(),
         "affinity": {
             "nodeAffinity": placement.node_affinity(
-                [cfg.gpu_product], naming.pool_label_value(instance)
-                if cfg.node_pool.provider != "existing" else None),
+                [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
             "podAntiAffinity": placement.one_replica_per_node(sel)},
         "tolerations": placement.tolerations(),
         "initContainers": list(weights.init_containers),

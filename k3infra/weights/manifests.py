@@ -22,6 +22,7 @@ WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
 RUNTIME_PACKAGE = "k3weights"           # the runtime package's name inside pods
 POD_SCRIPTS = ("prefetch.sh", "check-lock.sh", "gate.sh")
+SHARED_FILE = "podcommon.py"             # k3infra/podcommon.py, shipped into the package
 LOCK_KEY = "lock.json"
 # Hashing workers in the Job and the gate: a B300 node has 192 vCPUs; the gate's fast
 # path is stat calls, so this only matters after a change on disk.
@@ -73,6 +74,9 @@ def runtime_files() -> dict[str, str]:
 
     pkg = resources.files("k3infra.weights")
     data = {f"{RUNTIME_PACKAGE}.{name}": pkg.joinpath(name).read_text() for name in RUNTIME_FILES}
+    # The shared standard-library helpers travel with the package (one copy in k3infra).
+    data[f"{RUNTIME_PACKAGE}.{SHARED_FILE}"] = resources.files("k3infra").joinpath(
+        SHARED_FILE).read_text()
     for script in POD_SCRIPTS:
         data[script] = pkg.joinpath("pod", script).read_text()
     return data
@@ -91,7 +95,8 @@ def runtime_configmap(base: str, namespace: str, labels: dict, lock_text: Option
 def _runtime_volume(base: str, has_lock: bool) -> dict:
     from k3infra.weights import RUNTIME_FILES
 
-    items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"} for n in RUNTIME_FILES]
+    items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"}
+             for n in (*RUNTIME_FILES, SHARED_FILE)]
     items += [{"key": s, "path": s} for s in POD_SCRIPTS]
     if has_lock:
         items.append({"key": LOCK_KEY, "path": LOCK_KEY})
@@ -175,8 +180,8 @@ def prefetch_job(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, 
     if per_node:
         # The node-local copy must land on the GPU nodes that will serve.
         spec["affinity"] = {
-            "nodeAffinity": placement.node_affinity([cfg.gpu_product],
-                                                    cfg.node_pool.provider != "existing"),
+            "nodeAffinity": placement.node_affinity([cfg.gpu_product], placement.pool_of(
+                cfg.node_pool.provider, labels["app.kubernetes.io/instance"])),
             "podAntiAffinity": placement.one_replica_per_node(
                 {"app.kubernetes.io/component": "weights-prefetch",
                  "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]})}

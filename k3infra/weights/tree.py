@@ -48,6 +48,11 @@ import stat
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+try:                       # in a pod: shipped beside this file (k3weights/podcommon.py)
+    from .podcommon import atomic_write, fsync_dir  # noqa: F401  (re-exported)
+except ImportError:        # on the operator's machine: k3infra's shared module
+    from k3infra.podcommon import atomic_write, fsync_dir  # noqa: F401
+
 ALGORITHM = "k3-tree-v1"
 MARKER_NAME = ".k3-verified.json"
 STATE_NAME = ".k3-verify-state.json"
@@ -241,45 +246,8 @@ def load_lock(path: str) -> tuple[Lock, str]:
     return parse_lock(data), hashlib.sha256(raw).hexdigest()
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the new one, never half:
-    temporary in the same directory, fsync, rename, fsync the directory."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    fsync_dir(directory)
-
-
 def atomic_write_json(path: str, obj: object) -> None:
     atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8"))
-
-
-def fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 @dataclass
