@@ -26,6 +26,12 @@ import re
 from k3infra.config import ConfigError
 
 APP = "kimi-k3"                      # app.kubernetes.io/name of every instance
+# app.kubernetes.io/component values that selectors of one module match on pods another
+# module builds (NetworkPolicies select the prefetch and benchmark pods).
+PREFETCH_COMPONENT = "weights-prefetch"
+BENCHMARK_COMPONENT = "benchmark"
+BENCHMARK_RESULTS_COMPONENT = "benchmark-results"
+BENCHMARK_READER_COMPONENT = "benchmark-reader"
 LABEL_MAX = 63                       # Kubernetes label values and DNS labels
 # The longest derived name is the in-cluster build's context ConfigMap,
 # `<instance>-engine-context-<10 hex>` (26 characters on top of the instance); every

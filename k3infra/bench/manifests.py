@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from k3infra import checkov_skips, placement
+from k3infra import checkov_skips, naming, placement
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
@@ -29,9 +29,9 @@ RUNTIME_DIR = "/etc/k3/bench"
 RESULTS_DIR = "/results"
 POD_FILES = ("workload.py", "pod_runner.py")
 SHARED_FILES = ("podcommon.py",)          # from the k3infra package itself (one copy)
-COMPONENT = "benchmark"
-RESULTS_COMPONENT = "benchmark-results"
-READER_COMPONENT = "benchmark-reader"
+COMPONENT = naming.BENCHMARK_COMPONENT
+RESULTS_COMPONENT = naming.BENCHMARK_RESULTS_COMPONENT
+READER_COMPONENT = naming.BENCHMARK_READER_COMPONENT
 # /health is already 200 when the Job starts (it runs after the StatefulSet is ready);
 # the wait covers a serving pod restarting in between.
 HEALTH_WAIT_SECONDS = 1800

@@ -14,7 +14,7 @@ from typing import Optional
 from k3infra import checkov_skips, placement
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
-from k3infra.operations.network import default_deny, dns_egress, internet_peers
+from k3infra.netpol import default_deny, dns_egress, internet_peers
 
 CONTEXT_DIR = "/k3/context"           # images/ (configmap context)
 JOB_DIR = "/k3/job"                   # build.sh, report.py, build-args

@@ -65,6 +65,16 @@ class EnginePlan:
     def builds(self) -> bool:
         return self.mode != "prebuilt"
 
+    def pins(self) -> dict[str, str]:
+        """Annotations that describe the engine a pod runs (an upstream image carries no
+        receipt commit); the serving builders put them on the StatefulSet and its pods."""
+        pins = {"k3infra.dev/engine": self.label}
+        if self.engine_commit:
+            pins["k3infra.dev/engine-commit"] = self.engine_commit
+        if self.engine_version:
+            pins["k3infra.dev/engine-version"] = self.engine_version
+        return pins
+
     @property
     def image_digest(self) -> Optional[str]:
         return self.image.rsplit("@", 1)[1] if self.image else None

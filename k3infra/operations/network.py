@@ -27,21 +27,11 @@ subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-n
 """
 from __future__ import annotations
 
-from typing import Any
-
-from k3infra.bench.manifests import COMPONENT as BENCHMARK_COMPONENT
-from k3infra.bench.manifests import READER_COMPONENT as BENCHMARK_READER_COMPONENT
 from k3infra.config import StackConfig
+from k3infra.naming import BENCHMARK_COMPONENT, BENCHMARK_READER_COMPONENT, PREFETCH_COMPONENT
+from k3infra.netpol import default_deny, dns_egress, internet_peers
+from k3infra.netpol import namespace_peer as _namespace_peer
 from k3infra.serving import manifests as m
-
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set by the API server on every namespace
-DNS_PORT = 53
-PREFETCH_COMPONENT = "weights-prefetch"
-
-
-# Link-local: the instance metadata services (169.254.169.254, fd00:ec2::254 is inside
-# fc00::/7) and NodeLocal DNS. Never reachable through an internet egress rule.
-LINK_LOCAL_CIDRS = ("169.254.0.0/16", "fe80::/10")
 
 
 def policy_names(base: str) -> dict[str, str]:
@@ -54,13 +44,6 @@ def component_selector(instance: str, component: str) -> dict:
     return {"matchLabels": {"app.kubernetes.io/name": m.APP,
                             "app.kubernetes.io/instance": instance,
                             "app.kubernetes.io/component": component}}
-
-
-def _namespace_peer(namespace: str, pod_labels: dict[str, str] | None = None) -> dict:
-    peer: dict[str, Any] = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}}
-    if pod_labels:
-        peer["podSelector"] = {"matchLabels": dict(pod_labels)}   # both: AND, not OR
-    return peer
 
 
 def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
@@ -76,40 +59,9 @@ def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
     return peers
 
 
-def dns_egress(cfg: StackConfig) -> dict:
-    to: list[dict] = [_namespace_peer(cfg.network.dns_namespace)]
-    to += [{"ipBlock": {"cidr": cidr}} for cidr in cfg.network.dns_cidrs]
-    return {"to": to, "ports": [{"port": DNS_PORT, "protocol": "UDP"},
-                                {"port": DNS_PORT, "protocol": "TCP"}]}
-
-
-def internet_peers(cidrs: list[str], cfg: StackConfig) -> list[dict]:
-    """ipBlocks for `cidrs` with the cluster's own and the link-local ranges cut out
-    (an `except` must lie inside its block: each one gets the ranges it contains)."""
-    import ipaddress
-
-    excluded = [ipaddress.ip_network(c) for c in (*cfg.network.cluster_cidrs, *LINK_LOCAL_CIDRS)]
-    peers = []
-    for cidr in cidrs:
-        net = ipaddress.ip_network(cidr)
-        cut = [str(x) for x in excluded if x.version == net.version and x != net
-               and x.subnet_of(net)]
-        peers.append({"ipBlock": {"cidr": cidr, **({"except": cut} if cut else {})}})
-    return peers
-
-
 def hub_egress(cfg: StackConfig) -> dict:
     return {"to": internet_peers(cfg.network.hub_cidrs, cfg),
             "ports": [{"port": port, "protocol": "TCP"} for port in cfg.network.hub_ports]}
-
-
-def default_deny(name: str, namespace: str, labels: dict) -> dict:
-    """Every pod of the namespace: no ingress, no egress, unless another policy opens it
-    (policies are additive), so a pod no policy names is cut off, not wide open."""
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
-                     "ingress": [], "egress": []}}
 
 
 def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:

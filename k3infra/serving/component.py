@@ -29,7 +29,7 @@ class VllmServing(pulumi.ComponentResource):
 
     def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
                  image: Any, weights: Union[WeightsParts, Callable[[StackConfig], WeightsParts]],
-                 names: m.ServingNames, instance: str,
+                 names: m.ServingNames, instance: str, engine_pins: dict[str, str],
                  depends_on: Sequence[pulumi.Resource] = (),
                  opts: Optional[pulumi.ResourceOptions] = None):
         inputs = StackInputs.of(cfg)
@@ -42,7 +42,7 @@ class VllmServing(pulumi.ComponentResource):
         update = f"{(plain.replicas * budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
         self.statefulset = apply_built(
             f"{name}-statefulset", inputs,
-            lambda c: m.statefulset(receipt, c, image, parts(c), names, instance),
+            lambda c: m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins),
             child_options(self, opts, *depends_on,
                           custom_timeouts=pulumi.CustomTimeouts(create=create, update=update)))
         for i, svc in enumerate(m.services(plain, names, instance)):

@@ -81,18 +81,11 @@ def is_measured(cfg: StackConfig) -> bool:
     return cfg.profile == "measured"
 
 
-def pin_annotations(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
-    """Pins on the StatefulSet and its pods. The engine ones describe the engine the pod
-    really runs (an upstream image carries no receipt commit)."""
-    from k3infra.engine.plan import resolve_engine
-
+def pin_annotations(receipt: Receipt, cfg: StackConfig,
+                    engine_pins: dict[str, str]) -> dict[str, str]:
+    """Pins on the StatefulSet and its pods. `engine_pins` describe the engine the pod
+    really runs (EnginePlan.pins(), passed in by the stack)."""
     measured = is_measured(cfg)
-    engine = resolve_engine(receipt, cfg)
-    engine_pins = {"k3infra.dev/engine": engine.label}
-    if engine.engine_commit:
-        engine_pins["k3infra.dev/engine-commit"] = engine.engine_commit
-    if engine.engine_version:
-        engine_pins["k3infra.dev/engine-version"] = engine.engine_version
     return {"k3infra.dev/receipt": receipt.id,
             **engine_pins,
             "k3infra.dev/weights-repo": receipt.model.repo,
@@ -237,7 +230,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
 
 
 def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
-                names: ServingNames, instance: str) -> dict:
+                names: ServingNames, instance: str, engine_pins: dict[str, str]) -> dict:
     """One pod = one 8-GPU node = one replica."""
     budget = startup_budget_seconds(receipt, cfg.serving)
     sel = selector_labels(instance)
@@ -272,7 +265,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": names.statefulset, "namespace": names.namespace,
                      "labels": labels(instance),
-                     "annotations": {**pin_annotations(receipt, cfg), **await_annotations(cfg),
+                     "annotations": {**pin_annotations(receipt, cfg, engine_pins), **await_annotations(cfg),
                                      **checkov_skips.annotations(
                          checkov_skips.ENGINE_IMAGE_UID, checkov_skips.VLLM_API_KEY_ENV)}},
         "spec": {
@@ -284,7 +277,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
             "updateStrategy": update_strategy(cfg),
             "selector": {"matchLabels": sel},
             "template": {"metadata": {"labels": labels(instance),
-                                      "annotations": {**pin_annotations(receipt, cfg),
+                                      "annotations": {**pin_annotations(receipt, cfg, engine_pins),
                                                       "k3infra.dev/proxy-config":
                                                           proxy.conf_digest(cfg)}},
                          "spec": pod_spec},

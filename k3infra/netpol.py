@@ -1,0 +1,53 @@
+"""NetworkPolicy building blocks shared by every policy k3infra writes (the serving,
+prefetch and benchmark policies in k3infra.operations.network, the engine build's in
+k3infra.engine.manifests): one definition of a namespace peer, DNS egress, internet
+peers without the cluster and link-local ranges, and the namespace's default deny."""
+from __future__ import annotations
+
+from typing import Any
+
+from k3infra.config import StackConfig
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set by the API server on every namespace
+DNS_PORT = 53
+# Link-local: the instance metadata services (169.254.169.254, fd00:ec2::254 is inside
+# fc00::/7) and NodeLocal DNS. Never reachable through an internet egress rule.
+LINK_LOCAL_CIDRS = ("169.254.0.0/16", "fe80::/10")
+
+
+def namespace_peer(namespace: str, pod_labels: dict[str, str] | None = None) -> dict:
+    peer: dict[str, Any] = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}}
+    if pod_labels:
+        peer["podSelector"] = {"matchLabels": dict(pod_labels)}   # both: AND, not OR
+    return peer
+
+
+def dns_egress(cfg: StackConfig) -> dict:
+    to: list[dict] = [namespace_peer(cfg.network.dns_namespace)]
+    to += [{"ipBlock": {"cidr": cidr}} for cidr in cfg.network.dns_cidrs]
+    return {"to": to, "ports": [{"port": DNS_PORT, "protocol": "UDP"},
+                                {"port": DNS_PORT, "protocol": "TCP"}]}
+
+
+def internet_peers(cidrs: list[str], cfg: StackConfig) -> list[dict]:
+    """ipBlocks for `cidrs` with the cluster's own and the link-local ranges cut out
+    (an `except` must lie inside its block: each one gets the ranges it contains)."""
+    import ipaddress
+
+    excluded = [ipaddress.ip_network(c) for c in (*cfg.network.cluster_cidrs, *LINK_LOCAL_CIDRS)]
+    peers = []
+    for cidr in cidrs:
+        net = ipaddress.ip_network(cidr)
+        cut = [str(x) for x in excluded if x.version == net.version and x != net
+               and x.subnet_of(net)]
+        peers.append({"ipBlock": {"cidr": cidr, **({"except": cut} if cut else {})}})
+    return peers
+
+
+def default_deny(name: str, namespace: str, labels: dict) -> dict:
+    """Every pod of the namespace: no ingress, no egress, unless another policy opens it
+    (policies are additive), so a pod no policy names is cut off, not wide open."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [], "egress": []}}
