@@ -8,9 +8,9 @@ OUT     ?= build/render/$(STACK)
 
 .PHONY: render test venv scan-venv engine e2e clean
 
-$(BIN)/.installed: requirements.txt requirements-test.txt pyproject.toml
+$(BIN)/.installed: requirements.txt requirements-test.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements-test.txt
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-test.txt
 	touch $@
 
 $(SCANVENV)/bin/.installed: requirements-scan.txt

@@ -59,7 +59,9 @@ def test_every_config_key_is_documented():
             text = doc + (ROOT / "docs" / SECTION_DOCS[key]).read_text() if key in SECTION_DOCS else doc
             for sub_name, sub in ann.model_fields.items():
                 sub_key = sub.alias or sub_name
-                assert f"{key}.{sub_key}" in text or f"`{sub_key}`" in text, f"{key}.{sub_key}"
+                # The full dotted key: a bare `sub_key` could be another section's.
+                assert re.search(rf"(?<![\w.]){re.escape(key)}\.{re.escape(sub_key)}(?![\w])",
+                                 text), f"k3:{key}.{sub_key}"
 
 
 def test_readme_policy_count_is_the_packs():
