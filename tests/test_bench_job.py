@@ -163,7 +163,7 @@ def test_runtime_configmap_ships_the_pod_files():
     cm = manifest(r, "ConfigMap", "kimi-k3-bench-runtime")
     from importlib import resources
     pkg = resources.files("k3infra.bench")
-    assert set(cm["data"]) == set(b.POD_FILES)
+    assert set(cm["data"]) == {*b.POD_FILES, *b.SHARED_FILES}
     for name in b.POD_FILES:
         assert cm["data"][name] == pkg.joinpath(name).read_text()
     assert "import pulumi" not in cm["data"]["workload.py"]        # stdlib-only in pods

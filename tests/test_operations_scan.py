@@ -40,7 +40,7 @@ PROMETHEUSRULE_RULE = {"alert", "record", "expr", "for", "keep_firing_for", "lab
 def operations_manifests(r) -> list[dict]:
     # the engine build's own NetworkPolicy (build namespace) belongs to the engine tests
     out = [x for x in r.manifests() if x["kind"] in OPERATIONS_KINDS
-           and x["metadata"].get("namespace") != "k3-build"]
+           and x["metadata"].get("namespace") != "kimi-k3-build"]
     out += [x for x in r.manifests() if x["kind"] in ("Service", "ConfigMap")
             and x["metadata"]["name"] in ("kimi-k3-metrics", "kimi-k3-dashboard")]
     return out
@@ -78,7 +78,7 @@ def test_crd_objects_use_only_prometheus_operator_fields():
             assert all(isinstance(v, str) for v in item["annotations"].values())
     for obj in (sm, rule):
         assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
-        assert obj["metadata"]["namespace"] == "k3"
+        assert obj["metadata"]["namespace"] == "kimi-k3"
 
 
 def _checkov() -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hub_loopback import LoopbackHub, environment, make_repo
 
-from k3infra.weights import RUNTIME_FILES, prefetch, tree, verify
+from k3infra.weights import prefetch, runtime_paths, tree, verify
 from k3infra.weights.tree import FileEntry
 
 REPO = "moonshotai/loopback-k3"
@@ -114,9 +114,8 @@ def runtime_package(tmp_path: Path) -> Path:
     """The runtime files as the pods get them: a top-level package `k3weights`."""
     pkg = tmp_path / "runtime" / "k3weights"
     pkg.mkdir(parents=True)
-    src = Path(tree.__file__).parent
-    for name in RUNTIME_FILES:
-        shutil.copy(src / name, pkg / name)
+    for name, path in runtime_paths().items():
+        shutil.copy(path, pkg / name)
     return pkg.parent
 
 

@@ -8,3 +8,13 @@ file must stay import-light: no pulumi, pydantic or rich here.
 
 # The files the ConfigMap ships (k3infra/weights/manifests.py reads this tuple).
 RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "prefetch.py", "__main__.py")
+# Shipped into the same package from k3infra/ itself (one copy of the shared helpers).
+SHARED_FILES = ("podcommon.py",)
+
+
+def runtime_paths() -> dict:
+    """Every file of the pod runtime package: shipped name -> source path."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    return {**{n: here / n for n in RUNTIME_FILES}, **{n: here.parent / n for n in SHARED_FILES}}

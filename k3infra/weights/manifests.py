@@ -22,7 +22,6 @@ WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
 RUNTIME_PACKAGE = "k3weights"           # the runtime package's name inside pods
 POD_SCRIPTS = ("prefetch.sh", "check-lock.sh", "gate.sh")
-SHARED_FILE = "podcommon.py"             # k3infra/podcommon.py, shipped into the package
 LOCK_KEY = "lock.json"
 # Hashing workers in the Job and the gate: a B300 node has 192 vCPUs; the gate's fast
 # path is stat calls, so this only matters after a change on disk.
@@ -70,13 +69,10 @@ def layout(receipt: Receipt, cfg: StackConfig) -> WeightsLayout:
 
 def runtime_files() -> dict[str, str]:
     """ConfigMap data: the runtime package and the pod scripts."""
-    from k3infra.weights import RUNTIME_FILES
+    from k3infra.weights import runtime_paths
 
+    data = {f"{RUNTIME_PACKAGE}.{name}": path.read_text() for name, path in runtime_paths().items()}
     pkg = resources.files("k3infra.weights")
-    data = {f"{RUNTIME_PACKAGE}.{name}": pkg.joinpath(name).read_text() for name in RUNTIME_FILES}
-    # The shared standard-library helpers travel with the package (one copy in k3infra).
-    data[f"{RUNTIME_PACKAGE}.{SHARED_FILE}"] = resources.files("k3infra").joinpath(
-        SHARED_FILE).read_text()
     for script in POD_SCRIPTS:
         data[script] = pkg.joinpath("pod", script).read_text()
     return data
@@ -93,10 +89,10 @@ def runtime_configmap(base: str, namespace: str, labels: dict, lock_text: Option
 
 
 def _runtime_volume(base: str, has_lock: bool) -> dict:
-    from k3infra.weights import RUNTIME_FILES
+    from k3infra.weights import runtime_paths
 
     items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"}
-             for n in (*RUNTIME_FILES, SHARED_FILE)]
+             for n in runtime_paths()]
     items += [{"key": s, "path": s} for s in POD_SCRIPTS]
     if has_lock:
         items.append({"key": LOCK_KEY, "path": LOCK_KEY})

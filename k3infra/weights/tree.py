@@ -50,8 +50,8 @@ from typing import Iterable, Optional
 
 try:                       # in a pod: shipped beside this file (k3weights/podcommon.py)
     from .podcommon import atomic_write, fsync_dir  # noqa: F401  (re-exported)
-except ImportError:        # on the operator's machine: k3infra's shared module
-    from k3infra.podcommon import atomic_write, fsync_dir  # noqa: F401
+except ImportError:        # on the operator's machine: the one copy, k3infra/podcommon.py
+    from ..podcommon import atomic_write, fsync_dir  # noqa: F401
 
 ALGORITHM = "k3-tree-v1"
 MARKER_NAME = ".k3-verified.json"
