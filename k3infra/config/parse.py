@@ -1,0 +1,134 @@
+"""Validating `k3:*` keys into a StackConfig against a receipt: the one decoder of
+Pulumi's wire form, the error messages naming the key, the cross-field checks."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from k3infra.config.base import (CONFIG_NAMESPACE, SECRET_PLACEHOLDER, SECRET_KEYS,
+                                 ConfigError, Secret)
+from k3infra.config.models import StackConfig
+from k3infra.receipt import Receipt
+
+
+def _error_key(loc: tuple) -> str:
+    """pydantic location -> the config key a user typed (`k3:serving.shmSizeGi`)."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    return f"{CONFIG_NAMESPACE}:" + ".".join(parts) if parts else CONFIG_NAMESPACE
+
+
+def _accepted(err: dict) -> str:
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "missing":
+        return "is required"
+    if err["type"] == "extra_forbidden":
+        return "is not a known key"
+    return msg
+
+
+def decode_value(key: str, value: Any) -> Any:
+    """The one decoder of Pulumi's wire form (stack program, `--config`, policy pack):
+    "true"/"false" are booleans, objects and lists are JSON, anything else is as given.
+    Invalid JSON raises ConfigError naming `key`."""
+    if not isinstance(value, str):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    if value.startswith(("{", "[")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(key, value, f"is not valid JSON ({exc.msg})") from None
+    return value
+
+
+def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *,
+                       receipt: Receipt) -> StackConfig:
+    """Validate `k3:*` keys (full `k3:name` or bare `name`) into a StackConfig, against
+    `receipt` (its defaults and allow-lists).
+
+    Unknown keys are refused (a typo must not silently fall back to a default). Values
+    of secret keys are wrapped before validation so no error message can print them.
+    """
+    data: dict[str, Any] = {}
+    for full_key, value in raw.items():
+        ns, _, key = full_key.rpartition(":")
+        if ns and ns != CONFIG_NAMESPACE:
+            continue
+        if key in SECRET_KEYS or full_key in secret_keys or key in secret_keys:
+            value = Secret(value) if value not in (None, "") else value
+        else:
+            value = decode_value(f"{CONFIG_NAMESPACE}:{key}", value)
+        data[key] = value
+    known = {f.alias or n for n, f in StackConfig.model_fields.items()}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{CONFIG_NAMESPACE}:{key}", data[key],
+                              f"is not a known key; known keys: {', '.join(sorted(known))}")
+    try:
+        cfg = StackConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        value = None if err["type"] == "missing" else err.get("input")
+        key = _error_key(err["loc"])
+        if value is not None and key.split(":", 1)[1].split(".")[0] in SECRET_KEYS:
+            value = Secret(value)
+        raise ConfigError(key, value, _accepted(err)) from None
+    cfg = _receipt_defaults(cfg, receipt)
+    _check_cross_fields(cfg, receipt)
+    return cfg
+
+
+def _receipt_defaults(cfg: StackConfig, receipt: Receipt) -> StackConfig:
+    update: dict[str, Any] = {}
+    if cfg.gpu_product is None:
+        update["gpu_product"] = receipt.hardware.gpu_product_label
+    if cfg.benchmark.concurrencies is None:
+        update["benchmark"] = cfg.benchmark.model_copy(
+            update={"concurrencies": list(receipt.workload_a.concurrencies)})
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
+    if cfg.serving.update_partition > cfg.replicas:
+        raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
+                          f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")
+    if cfg.profile != "custom" and (cfg.custom.args or cfg.custom.env):
+        raise ConfigError("k3:custom", cfg.custom.model_dump(),
+                          "engine-path changes need k3:profile = custom (the render is then "
+                          "labelled as not the measured configuration)")
+    for flag, value in cfg.surface.args.items():
+        if flag in ("--host", "--port"):
+            raise ConfigError(f"k3:surface.args.{flag}", value,
+                              "is set by k3infra: vLLM listens on 127.0.0.1:"
+                              "k3:serving.enginePort behind the authenticating proxy; the "
+                              "client port is k3:serving.port")
+        allowed = receipt.serve.surface_flag(flag)
+        if allowed is None:
+            accepted = ", ".join(a.flag for a in receipt.serve.surface.args)
+            raise ConfigError(f"k3:surface.args.{flag}", value,
+                              f"is not an allow-listed surface flag ({accepted}); engine-path "
+                              "flags need k3:profile = custom and k3:custom.args")
+        if allowed.takes_value is isinstance(value, bool):
+            raise ConfigError(f"k3:surface.args.{flag}", value,
+                              "takes a string value" if allowed.takes_value
+                              else "is a switch: true or false")
+    for name, value in cfg.surface.env.items():
+        if name not in receipt.serve.surface.env:
+            raise ConfigError(f"k3:surface.env.{name}", value,
+                              f"is not an allow-listed surface variable "
+                              f"({', '.join(receipt.serve.surface.env)})")
+        if name == "VLLM_API_KEY":
+            raise ConfigError(f"k3:surface.env.{name}", SECRET_PLACEHOLDER,
+                              "the API key comes from the k3:apiKey secret only")
+    if cfg.engine.build == "prebuilt" and cfg.engine_image is None:
+        raise ConfigError("k3:engineImage", None,
+                          "is required with k3:engine.build = prebuilt: "
+                          "<repository>@sha256:<64 hex>")
+    if cfg.profile == "upstream" and cfg.engine.build != "prebuilt":
+        raise ConfigError("k3:engine.build", cfg.engine.build,
+                          "the upstream profile uses a released image: prebuilt only")
