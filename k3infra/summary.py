@@ -6,6 +6,7 @@ from __future__ import annotations
 from k3infra.config import StackConfig
 from k3infra.hbm import hbm_fit
 from k3infra.receipt import Receipt
+from k3infra.serve_argv import SERVING_CONTAINER, serve_argv
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import manifests as w
@@ -14,8 +15,9 @@ from k3infra.weights import manifests as w
 def rendered_serve_line(render) -> str:
     """`vllm serve ...` exactly as the rendered StatefulSet's vllm container runs it."""
     (sts,) = [o for o in render.manifests() if o["kind"] == "StatefulSet"]
-    (vllm,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
-    return " ".join([*vllm["command"], *vllm["args"]])
+    (vllm,) = [c for c in sts["spec"]["template"]["spec"]["containers"]
+               if c["name"] == SERVING_CONTAINER]
+    return " ".join(serve_argv(vllm))
 
 
 def summary_rows(cfg: StackConfig, render, receipt: Receipt) -> list[tuple[str, str]]:

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from k3infra.bench import cluster as kc
-from k3infra.bench import drift
+from k3infra.bench import fetch as kc
+from k3infra.live import drift
 from k3infra.bench import pod_runner
 from k3infra.bench.workload import WORKLOAD_ID
 from k3infra.cli import main
@@ -213,9 +213,9 @@ def test_unpack_refuses_escaping_members(tmp_path):
         info = tarfile.TarInfo("../evil")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(kc.ClusterError, match="refusing"):
+    with pytest.raises(kc.FetchError, match="refusing"):
         kc.unpack_run(base64.b64encode(buf.getvalue()).decode(), tmp_path)
-    with pytest.raises(kc.ClusterError, match="base64"):
+    with pytest.raises(kc.FetchError, match="base64"):
         kc.unpack_run("not base64 !!", tmp_path)
 
 

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import yaml
 
 from k3infra.bench.compare import workload_checks
-from k3infra.bench.drift import parse_serve, serve_argv, SERVING_CONTAINER
+from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv
 from k3infra.bench.results import BenchResult, percentile
 from k3infra.receipt import Receipt, parse_receipt
 

@@ -164,12 +164,14 @@ def _prompts(args: argparse.Namespace) -> int:
 def _fetch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from k3infra.bench.cluster import ClusterError, connect, fetch_results
+    from k3infra.bench.fetch import FetchError, fetch_results
+    from k3infra.live.cluster import ClusterError, KubeCluster, connect
 
     try:
-        run_dir = fetch_results(connect(args.kubeconfig, args.context), args.namespace,
-                                args.out, image=args.image, run_id=args.run or "")
-    except ClusterError as exc:
+        cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
+        run_dir = fetch_results(cluster, args.namespace, args.out, image=args.image,
+                                run_id=args.run or "")
+    except (ClusterError, FetchError) as exc:
         raise UsageError(str(exc)) from None
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     Console().print(f"fetched {len(files)} files into {run_dir} (each checked against the "

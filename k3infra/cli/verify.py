@@ -39,9 +39,10 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
                 fetch_dir: Optional[Path] = None, check_results: bool = True,
                 tolerance_pct: float) -> list:
     """Every drift row. `cluster` offers statefulset(), read_file(pod, container, path)
-    and, for fetching, what k3infra.bench.cluster.fetch_results uses."""
-    from k3infra.bench import cluster as kc
-    from k3infra.bench import drift
+    and, for fetching, what k3infra.bench.fetch.fetch_results uses."""
+    from k3infra.bench import fetch
+    from k3infra.live import drift
+    from k3infra.live.cluster import ClusterError
     from k3infra.bench.compare import compare_results
     from k3infra.bench.results import ResultError, load_result
     from k3infra.weights.manifests import WeightsLayout
@@ -71,11 +72,10 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
         cmp, why = None, ""
         try:
             if results_dir is None:
-                results_dir = kc.fetch_results(None, cluster.namespace, fetch_dir,
-                                               cluster=cluster)
-            results = [load_result(p) for p in kc.measured_results(results_dir)]
+                results_dir = fetch.fetch_results(cluster, cluster.namespace, fetch_dir)
+            results = [load_result(p) for p in fetch.measured_results(results_dir)]
             cmp = compare_results(results, receipt, tolerance_pct)
-        except (kc.ClusterError, ResultError, OSError, ValueError) as exc:
+        except (ClusterError, fetch.FetchError, ResultError, OSError, ValueError) as exc:
             why = str(exc)
         rows += drift.benchmark_drift(cmp, why)
     return rows
@@ -109,7 +109,7 @@ def print_rows(rows, console=None) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from k3infra.bench.cluster import ClusterError, KubeCluster, connect
+    from k3infra.live.cluster import ClusterError, KubeCluster, connect
     from k3infra.cli.bench import _tolerance
     from k3infra.receipt import load_receipt
 

@@ -1,6 +1,6 @@
 """What `k3infra verify` decides: the live deployment against the receipt. Pure: it gets
 objects already read from the cluster (plain dicts, camelCase as the API serves them)
-and returns rows; k3infra.bench.cluster does the reading.
+and returns rows; k3infra.live.cluster does the reading.
 
 Three areas, one row per check:
 - statefulset: image pinned by digest (and the expected one), receipt annotations, the
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from k3infra.bench.compare import Comparison
 from k3infra.receipt import Receipt
+from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv  # noqa: F401
+
+if TYPE_CHECKING:                     # a type only: drift compares, bench computes
+    from k3infra.bench.compare import Comparison
 
 DIGEST_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
-SERVING_CONTAINER = "vllm"
 MARKER_FORMAT_PREFIX = "k3-verified/"
 
 
@@ -36,37 +38,6 @@ class DriftRow:
 
 def _row(out: list, area: str, check: str, expected, actual, ok: bool) -> None:
     out.append(DriftRow(area, check, str(expected), str(actual), bool(ok)))
-
-
-def serve_argv(container: dict) -> list[str]:
-    return [*(container.get("command") or []), *(container.get("args") or [])]
-
-
-def parse_serve(argv: Sequence[str]) -> tuple[Optional[str], list[tuple[str, Optional[str]]]]:
-    """(model directory, [(flag, value or None)]) of a `vllm serve` command line."""
-    argv = list(argv)
-    if "serve" not in argv:
-        return None, []
-    rest = argv[argv.index("serve") + 1:]
-    model = rest.pop(0) if rest and not rest[0].startswith("--") else None
-    flags: list[tuple[str, Optional[str]]] = []
-    i = 0
-    while i < len(rest):
-        tok = rest[i]
-        if tok.startswith("--") and "=" in tok:
-            flag, value = tok.split("=", 1)
-            flags.append((flag, value))
-        elif tok.startswith("--"):
-            nxt = rest[i + 1] if i + 1 < len(rest) else None
-            if nxt is not None and not nxt.startswith("--"):
-                flags.append((tok, nxt))
-                i += 1
-            else:
-                flags.append((tok, None))
-        else:
-            flags.append((tok, None))          # a stray positional: reported as drift
-        i += 1
-    return model, flags
 
 
 def _engine_flags(receipt: Receipt) -> list[tuple[str, Optional[str]]]:
@@ -170,7 +141,7 @@ def weights_drift(marker: Optional[dict], lock: Optional[dict], receipt: Receipt
     return out
 
 
-def benchmark_drift(cmp: Optional[Comparison], why_missing: str = "") -> list[DriftRow]:
+def benchmark_drift(cmp: Optional["Comparison"], why_missing: str = "") -> list[DriftRow]:
     out: list[DriftRow] = []
     area = "benchmark"
     if cmp is None:

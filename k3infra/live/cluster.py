@@ -6,21 +6,13 @@ The client is imported lazily (only these commands need it).
 """
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import json
-import tarfile
 import time
-import uuid
-from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from k3infra.bench import manifests as b
-from k3infra.podcommon import sha256_file
+from k3infra import naming
 
-SERVING_SELECTOR = "app.kubernetes.io/name=kimi-k3,app.kubernetes.io/component=serving"
-JOB_SELECTOR = f"app.kubernetes.io/component={b.COMPONENT}"
+SERVING_SELECTOR = f"app.kubernetes.io/name={naming.APP},app.kubernetes.io/component=serving"
+JOB_SELECTOR = f"app.kubernetes.io/component={naming.BENCHMARK_COMPONENT}"
 READER_START_SECONDS = 300
 
 
@@ -32,7 +24,8 @@ def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> 
     try:
         from kubernetes import client, config
     except ImportError as exc:
-        raise ClusterError(f"the kubernetes client is not installed ({exc})") from None
+        raise ClusterError(f"the kubernetes client is not installed ({exc}): "
+                           "pip install 'k3infra[cluster]'") from None
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
     except Exception as exc:  # the client raises several unrelated types here
@@ -136,90 +129,3 @@ class KubeCluster:
         finally:
             self._call("deleting the reader pod", self.core.delete_namespaced_pod, name,
                        self.namespace, grace_period_seconds=0)
-
-
-# --- evidence on the local side (pure file work, tested without a cluster) -------------
-
-def unpack_run(payload_b64: str, out: Path) -> Path:
-    """Extract the reader's base64 tar.gz into `out`; refuses links and escaping paths."""
-    try:
-        raw = base64.b64decode(payload_b64.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise ClusterError("the reader returned no valid base64 archive") from None
-    try:
-        tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz")
-    except tarfile.TarError as exc:
-        raise ClusterError(f"the reader returned no valid archive ({exc})") from None
-    roots = set()
-    with tar:
-        members = tar.getmembers()
-        for m in members:
-            p = PurePosixPath(m.name)
-            if p.is_absolute() or ".." in p.parts or not (m.isfile() or m.isdir()):
-                raise ClusterError(f"refusing archive member {m.name!r}")
-            roots.add(p.parts[0])
-        if len(roots) != 1:
-            raise ClusterError(f"expected one run directory in the archive, got {sorted(roots)}")
-        out.mkdir(parents=True, exist_ok=True)
-        for m in members:
-            target = out / m.name
-            if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(tar.extractfile(m).read())
-    return out / roots.pop()
-
-
-def check_sums(run_dir: Path) -> list[str]:
-    """Problems with the run's SHA256SUMS: missing file, wrong hash, unlisted file."""
-    sums_path = run_dir / "SHA256SUMS"
-    if not sums_path.is_file():
-        return [f"{run_dir}: no SHA256SUMS"]
-    listed = {}
-    for line in sums_path.read_text().splitlines():
-        digest, _, rel = line.partition("  ")
-        listed[rel] = digest
-    problems = []
-    for rel, digest in listed.items():
-        path = run_dir / rel
-        if not path.is_file():
-            problems.append(f"{rel}: listed in SHA256SUMS, missing")
-        elif sha256_file(path) != digest:
-            problems.append(f"{rel}: sha256 differs from SHA256SUMS")
-    for path in sorted(run_dir.rglob("*")):
-        rel = path.relative_to(run_dir).as_posix()
-        if path.is_file() and rel not in listed and rel not in ("SHA256SUMS", "index.json"):
-            problems.append(f"{rel}: not listed in SHA256SUMS")
-    return problems
-
-
-def measured_results(run_dir: Path) -> list[Path]:
-    """The run's measured result files, from its index (warm-ups are not compared)."""
-    index = json.loads((run_dir / "index.json").read_text())
-    return [run_dir / s["result"] for s in index.get("sets", []) if s.get("role") == "measured"]
-
-
-def fetch_results(api: Any, namespace: str, out: Path, image: Optional[str] = None,
-                  run_id: str = "", cluster: Optional[KubeCluster] = None) -> Path:
-    """Copy the latest complete run (or `run_id`) from the results PVC into out/<run id>;
-    returns that directory after checking every file against the run's SHA256SUMS."""
-    cluster = cluster or KubeCluster(api, namespace)
-    job = cluster.benchmark_job()
-    if job is None:
-        raise ClusterError(f"no benchmark Job ({JOB_SELECTOR}) in namespace {namespace}: "
-                           "enable k3:benchmark.enabled and run pulumi up")
-    pod_spec = job["spec"]["template"]["spec"]
-    claim = (job["metadata"].get("annotations") or {}).get("k3infra.dev/results-claim")
-    if not claim:
-        raise ClusterError(f"Job {job['metadata']['name']} names no results claim")
-    image = image or pod_spec["containers"][0]["image"]
-    name = f"{job['metadata']['name']}-reader-{uuid.uuid4().hex[:6]}"
-    payload = cluster.exec_reader(b.reader_pod(name, namespace, claim, image, pod_spec),
-                                  b.export_command(run_id))
-    run_dir = unpack_run(payload, out)
-    problems = check_sums(run_dir)
-    if problems:
-        raise ClusterError("fetched files do not match the run's SHA256SUMS: "
-                           + "; ".join(problems))
-    return run_dir
