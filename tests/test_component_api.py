@@ -300,3 +300,111 @@ def test_the_wait_for_expression_parses_as_pulumi_kubernetes_parses_it():
     body = expr[len("jsonpath="):]
     assert "=" not in body.replace("==", "")
     assert body.count("{") == body.count("}") == 1 and body.startswith("{$")
+
+
+# --- the other clouds' ids, wired ---------------------------------------------------------
+
+OCI_WIRED = {"clusterId": "ocid1.cluster.oc1.iad.aaaa", "compartmentId": "ocid1.compartment.oc1..bbbb",
+             "imageId": "ocid1.image.oc1.iad.cccc", "subnetId": "ocid1.subnet.oc1.iad.dddd",
+             "reservationId": "ocid1.capacityreservation.oc1.iad.eeee",
+             "computeClusterId": "ocid1.computecluster.oc1.iad.ffff",
+             "nsgId": "ocid1.networksecuritygroup.oc1.iad.gggg"}
+NEBIUS_WIRED = {"clusterId": "mk8scluster-e00abc", "subnetId": "vpcsubnet-e00def",
+                "gpuClusterId": "computegpucluster-e00ghi", "serviceAccountId": "serviceaccount-e00jkl"}
+
+
+def _pool_program(pool: dict, values: dict):
+    def program():
+        _, o = source("upstream", values)
+        wired = _wire(pool, o)        # "$key": the source resource's output `key`
+        K3ServingStack("kimi-k3", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                   "engineImage": IMAGE, "acceptModelLicense": True,
+                                   "nodePool": {"provider": pool["_provider"],
+                                                pool["_provider"]: {k: v for k, v in wired.items()
+                                                                    if not k.startswith("_")}}},
+                       receipt=load_receipt())
+    return program
+
+
+def _wire(item, o):
+    if isinstance(item, dict):
+        return {k: _wire(v, o) for k, v in item.items()}
+    if isinstance(item, list):
+        return [_wire(v, o) for v in item]
+    return o[item[1:]] if isinstance(item, str) and item.startswith("$") else item
+
+
+def test_oci_ids_take_outputs():
+    pool = {"_provider": "oci", "clusterId": "$clusterId", "compartmentId": "$compartmentId",
+            "kubernetesVersion": "v1.33.1", "imageId": "$imageId",
+            "computeClusterId": "$computeClusterId", "nsgIds": ["$nsgId"],
+            "placements": [{"availabilityDomain": "Uocm:US-ASHBURN-AD-1", "subnetId": "$subnetId",
+                            "capacityReservationId": "$reservationId"}]}
+    rec = record(_pool_program(pool, OCI_WIRED))
+    (np,) = rec.of_type("oci:ContainerEngine/nodePool:NodePool")
+    i = np.inputs
+    assert (i["clusterId"], i["compartmentId"]) == (OCI_WIRED["clusterId"], OCI_WIRED["compartmentId"])
+    assert i["nodeSourceDetails"]["imageId"] == OCI_WIRED["imageId"]
+    details = i["nodeConfigDetails"]
+    assert details["placementConfigs"][0]["subnetId"] == OCI_WIRED["subnetId"]
+    assert details["placementConfigs"][0]["capacityReservationId"] == OCI_WIRED["reservationId"]
+    assert details["computeClusterId"] == OCI_WIRED["computeClusterId"]
+    assert details["nsgIds"] == [OCI_WIRED["nsgId"]]
+
+
+def test_nebius_ids_take_outputs():
+    pool = {"_provider": "nebius", "clusterId": "$clusterId", "subnetId": "$subnetId",
+            "gpuClusterId": "$gpuClusterId", "serviceAccountId": "$serviceAccountId"}
+    rec = record(_pool_program(pool, NEBIUS_WIRED))
+    (group,) = rec.of_type("nebius:index/mk8sV1NodeGroup:Mk8sV1NodeGroup")
+    t = group.inputs["template"]
+    assert group.inputs["parentId"] == NEBIUS_WIRED["clusterId"]
+    assert t["networkInterfaces"] == [{"subnetId": NEBIUS_WIRED["subnetId"]}]
+    assert t["gpuCluster"] == {"id": NEBIUS_WIRED["gpuClusterId"]}
+    assert t["serviceAccountId"] == NEBIUS_WIRED["serviceAccountId"]
+
+
+def test_aws_karpenter_role_reservation_and_a_whole_list_take_outputs():
+    values = {**AWS_WIRED, "role": "eks-node", "reservation": "cr-0123456789abcdef0",
+              "groups": ["sg-0123456789abcdef0", "sg-0fedcba9876543210"]}
+    pool = {"_provider": "aws", "clusterName": "$clusterName", "mode": "karpenter",
+            "nodeRoleName": "$role", "securityGroupIds": "$groups",
+            "subnets": [{"id": "$subnetId", "availabilityZone": "us-east-1b"}],
+            "capacityBlock": {"reservationId": "$reservation", "availabilityZone": "us-east-1b"}}
+    rec = record(_pool_program(pool, values))
+    (nc,) = rec.of_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
+    spec = nc.inputs["spec"]
+    assert spec["role"] == "eks-node"
+    assert spec["capacityReservationSelectorTerms"] == [{"id": "cr-0123456789abcdef0"}]
+    assert spec["securityGroupSelectorTerms"] == [{"id": g} for g in values["groups"]]
+    assert spec["subnetSelectorTerms"] == [{"id": AWS_WIRED["subnetId"]}]
+
+
+def test_the_stack_program_sends_every_object_to_the_pools_cluster():
+    """The shipped aws stack: one explicit kubernetes.Provider built from the EKS cluster
+    (endpoint and CA looked up, token from `aws eks get-token`), used by every object."""
+    from conftest import render
+
+    r = render("aws", f"weightsRevision={GOOD_REVISION}")
+    (provider,) = r.by_type("pulumi:providers:kubernetes")
+    assert provider["name"] == "kimi-k3-cluster"
+    assert provider["inputs"]["kubeconfig"] == "[secret]"
+    kube = [x for x in r.resources if x["type"].startswith("kubernetes:")
+            and not x["type"].startswith("pulumi:providers")]
+    assert kube
+    for x in kube:
+        assert (x["provider"] or "").startswith(provider["urn"] + "::"), x["name"]
+
+
+def test_eks_kubeconfig_uses_the_aws_cli_token():
+    from k3infra.nodepool.cluster_access import eks_kubeconfig
+
+    cfg = json.loads(eks_kubeconfig("prod-eks", "https://ABC.gr7.us-east-1.eks.amazonaws.com",
+                                    "Q0E="))
+    (user,) = cfg["users"]
+    assert user["user"]["exec"] == {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+        "args": ["eks", "get-token", "--cluster-name", "prod-eks", "--output", "json"],
+        "interactiveMode": "Never"}
+    assert cfg["clusters"][0]["cluster"] == {
+        "server": "https://ABC.gr7.us-east-1.eks.amazonaws.com", "certificate-authority-data": "Q0E="}
