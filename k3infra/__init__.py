@@ -1,14 +1,19 @@
 """k3infra: Kimi K3 on 8x NVIDIA B300 with vLLM, deployed exactly as measured.
 
-`from k3infra import K3ServingStack, K3ServingStackArgs` in any Pulumi program. The
+`from k3infra import K3ServingStack, K3ServingStackArgs, ClusterAddons` in any Pulumi
+program (docs/component.md). The
 import is lazy so the `k3infra` CLI (which runs as an init container on every pod start)
 does not pay for loading the Pulumi SDK.
 """
 
-__all__ = ["K3ServingStack", "K3ServingStackArgs"]
+__all__ = ["K3ServingStack", "K3ServingStackArgs", "ClusterAddons"]
 
 
 def __getattr__(name: str):
+    if name == "ClusterAddons":
+        from k3infra.nodepool.cluster_addons import ClusterAddons
+
+        return ClusterAddons
     if name in __all__:
         from k3infra import stack
 
