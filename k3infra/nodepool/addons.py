@@ -9,7 +9,6 @@ ships them) and the operator's tolerations (from k3infra.placement).
 from __future__ import annotations
 
 import copy
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from k3infra import placement
 from k3infra.nodepool.base import PoolSpec
 
-CHARTS_ENV = "K3INFRA_CHARTS_DIR"
 PIN_FILE = "addons.yaml"
 GPU_OPERATOR_MIN = (25, 10, 0)       # first GPU Operator release with HGX B300 support
 _EXACT = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
@@ -81,9 +79,9 @@ class GpuOperatorValues(_Strict):
 
 
 def charts_dir() -> Path:
-    """`charts/` of the checkout (override with K3INFRA_CHARTS_DIR)."""
-    env = os.environ.get(CHARTS_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "charts"
+    """`charts/` of the checkout; another directory is passed explicitly
+    (`ClusterAddons(..., charts_dir=...)`), never through the environment."""
+    return Path(__file__).resolve().parents[2] / "charts"
 
 
 def _load_yaml(path: Path) -> Any:
