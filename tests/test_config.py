@@ -145,3 +145,16 @@ def test_pulumi_yaml_declared_keys_required_or_defaulted_as_the_model():
             assert key in required, f"{key}: declared without default = required by the CLI"
     assert required <= set(declared)
     assert declared["apiKey"]["secret"] is True
+
+
+def test_a_custom_receipt_validates_against_itself(tmp_path):
+    """Defaults and allow-lists come from the receipt passed in, not the shipped one."""
+    from k3infra.receipt import receipt_path
+
+    text = receipt_path().read_text().replace("concurrencies: [1, 8]", "concurrencies: [1, 4, 16]", 1)
+    custom_file = tmp_path / "custom.yaml"
+    custom_file.write_text(text)
+    custom = load_receipt(str(custom_file))
+    raw = {"k3:weightsRevision": "a" * 40, "k3:apiKey": "x", "k3:engineImage": "r@sha256:" + "1" * 64}
+    assert parse_stack_config(raw, receipt=custom).benchmark.concurrencies == [1, 4, 16]
+    assert parse_stack_config(raw, receipt=load_receipt()).benchmark.concurrencies == [1, 8]
