@@ -7,9 +7,10 @@ Kubernetes object of the stack go to the same cluster.
   plugin is `oci ce cluster generate-token`);
 - nebius: the MK8s cluster `k3:nodePool.nebius.clusterId` (endpoint and CA from
   `nebius.get_mk8s_v1_cluster`; tokens from `nebius mk8s cluster get-token`);
-- coreweave / existing: no cloud resource names the cluster; the provider uses the
-  kubeconfig and context Pulumi's kubernetes provider reads by default (KUBECONFIG /
-  `kubernetes:context` config), made explicit so every object still names its provider.
+- coreweave / existing: no cloud resource names the cluster; no provider is built, so
+  the objects use Pulumi's default kubernetes provider, configured by the stack's
+  `kubernetes:*` keys (kubeconfig, context, renderYamlToDirectory) or the ambient
+  kubeconfig: the user's choice of cluster, not k3infra's.
 
 The exec plugins run on the machine that runs `pulumi`; none of this was exercised
 against a live cluster here (docs/clouds.md).
@@ -100,9 +101,10 @@ def _nebius_endpoint(status: Any) -> str:
 
 
 def cluster_provider(name: str, cfg: StackConfig,
-                     opts: pulumi.ResourceOptions | None = None) -> k8s.Provider:
-    """An explicit kubernetes.Provider for the pool's cluster."""
+                     opts: pulumi.ResourceOptions | None = None) -> k8s.Provider | None:
+    """An explicit kubernetes.Provider for the pool's cluster; None where no cloud
+    resource names it (coreweave, existing: the stack's default provider)."""
     config = kubeconfig(cfg)
     if config is None:
-        return k8s.Provider(name, opts=opts)
+        return None
     return k8s.Provider(name, kubeconfig=pulumi.Output.secret(config), opts=opts)
