@@ -272,7 +272,7 @@ def test_the_proxy_is_the_pods_only_listener():
     # the whole Secret is a Pulumi secret: a render shows none of it
     assert set(secret["stringData"].values()) == {"[secret]"}
     conf = proxy.nginx_conf(r.config if hasattr(r, "config") else parse_stack_config(
-        {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": "r/v@sha256:" + "1" * 64}))
+        {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": "r/v@sha256:" + "1" * 64}, receipt=load_receipt()))
     assert "listen 8000;" in conf and "server 127.0.0.1:8001;" in conf
     assert "listen 9090;" in conf and "listen 8081;" in conf
     assert proxy.keys_map("[secret]") == "# [secret]\n"     # an offline render holds no key
@@ -289,7 +289,7 @@ def test_surface_cannot_move_vllm_off_loopback(flag):
     with pytest.raises(ConfigError) as err:
         parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k",
                             "engineImage": "r/v@sha256:" + "1" * 64,
-                            "surface": {"args": {flag: "0.0.0.0"}}})
+                            "surface": {"args": {flag: "0.0.0.0"}}}, receipt=load_receipt())
     assert err.value.key == f"k3:surface.args.{flag}" and "proxy" in str(err.value)
 
 
@@ -299,7 +299,7 @@ def test_an_api_key_the_proxy_cannot_match_exactly_is_refused(key):
 
     with pytest.raises(ConfigError) as err:
         parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": key,
-                            "engineImage": "r/v@sha256:" + "1" * 64})
+                            "engineImage": "r/v@sha256:" + "1" * 64}, receipt=load_receipt())
     assert err.value.key == "k3:apiKey" and key not in str(err.value)
 
 
@@ -309,5 +309,5 @@ def test_proxy_ports_must_differ():
     with pytest.raises(ConfigError) as err:
         parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k",
                             "engineImage": "r/v@sha256:" + "1" * 64,
-                            "serving": {"metricsPort": 8000}})
+                            "serving": {"metricsPort": 8000}}, receipt=load_receipt())
     assert err.value.key == "k3:serving"

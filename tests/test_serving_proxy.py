@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from k3infra.config import parse_stack_config
+from k3infra.receipt import load_receipt
 from k3infra.serving import proxy
 from vllm_routes import TRICK_PATHS, VLLM_ROUTES
 
@@ -106,7 +107,7 @@ def running():
     ports = {"port": free_port(), "metricsPort": free_port(), "healthPort": free_port(),
              "enginePort": engine.server_address[1]}
     cfg = parse_stack_config({"weightsRevision": "a" * 40, "apiKey": KEY,
-                              "engineImage": "r/vllm@sha256:" + "1" * 64, "serving": ports})
+                              "engineImage": "r/vllm@sha256:" + "1" * 64, "serving": ports}, receipt=load_receipt())
     files = proxy.secret_files(cfg, KEY)
     (tmp / proxy.KEYS_KEY).write_text(files[proxy.KEYS_KEY])
     conf = proxy.nginx_conf(cfg, keys_file=str(tmp / proxy.KEYS_KEY), tmp_dir=str(tmp))
