@@ -132,7 +132,7 @@ class EngineBuild(pulumi.ComponentResource):
         uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
                                                and cfg.engine.context == "configmap")
         recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None
-        enforce(lock_gates(recipe))
+        enforce(lock_gates(recipe), self.offline_render)
         super().__init__("k3infra:index:EngineBuild", name, None, opts)
         self._opts = opts
         self.plan = plan
