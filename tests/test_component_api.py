@@ -20,6 +20,9 @@ from conftest import GOOD_REVISION
 from program_harness import record
 
 IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "5e" * 32
+# A pinned proxy image: these programs run as an update, where a placeholder is refused.
+PINNED = {"serving": {"proxyImage": "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:"
+                                    + "cd" * 32}}
 AWS_WIRED = {"clusterName": "prod-eks",
              "nodeRoleArn": "arn:aws:iam::123456789012:role/eks-node",
              "subnetId": "subnet-0123456789abcdef0",
@@ -36,7 +39,7 @@ def source(name: str, values: dict) -> tuple[pulumi.CustomResource, dict]:
 def wired_args(o: dict, **over) -> dict:
     args = {
         "weightsRevision": o["revision"], "apiKey": pulumi.Output.secret(o["password"]),
-        "hfToken": o["token"], "engineImage": o["image"], "acceptModelLicense": True,
+        "hfToken": o["token"], "engineImage": o["image"], "acceptModelLicense": True, **PINNED,
         "nodePool": {"provider": "aws", "aws": {
             "clusterName": o["clusterName"], "nodeRoleArn": o["nodeRoleArn"],
             "subnets": [{"id": o["subnetId"], "availabilityZone": "us-east-1b"}],
@@ -318,7 +321,7 @@ def _pool_program(pool: dict, values: dict):
         _, o = source("upstream", values)
         wired = _wire(pool, o)        # "$key": the source resource's output `key`
         K3ServingStack("kimi-k3", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
-                                   "engineImage": IMAGE, "acceptModelLicense": True,
+                                   "engineImage": IMAGE, "acceptModelLicense": True, **PINNED,
                                    "nodePool": {"provider": pool["_provider"],
                                                 pool["_provider"]: {k: v for k, v in wired.items()
                                                                     if not k.startswith("_")}}},

@@ -155,7 +155,7 @@ def test_cluster_cidrs_are_configurable_and_link_local_always_cut():
 def test_every_namespace_the_stack_creates_starts_from_default_deny():
     r = render("existing", PIN)
     deny = manifest(r, "NetworkPolicy", "kimi-k3-default-deny")
-    assert deny["metadata"]["namespace"] == "k3"
+    assert deny["metadata"]["namespace"] == "kimi-k3"
     assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
                             "ingress": [], "egress": []}
 
