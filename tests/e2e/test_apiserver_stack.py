@@ -29,7 +29,7 @@ pytest_plugins = ["apiserver"]
 pytestmark = pytest.mark.e2e
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
-INSTANCE = "k3"  # the `existing` stack's instance (k3infra's NAMESPACE)
+INSTANCE = "kimi-k3"  # the stack program's instance (k3infra.program.INSTANCE, k3infra.naming)
 PROXY_IMAGE = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "ab" * 32
 # Test-only: written over the temporary copy's __main__.py, never the repository's.
 EXISTS_IS_READY_PROGRAM = '''"""Test-only (tests/e2e/test_apiserver_stack.py): the shipped stack program, where
