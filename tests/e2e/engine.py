@@ -113,6 +113,11 @@ def copy_project(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     (dest / ".venv").symlink_to(ROOT / ".venv")
+    # The copy's files keep their mtimes; mark the shared venv current so a `make venv`
+    # in the copy (the README's first step) never reinstalls `-e .` from the copy.
+    installed = ROOT / ".venv" / "bin" / ".installed"
+    if installed.exists():
+        os.utime(installed)
     return dest
 
 
