@@ -25,7 +25,12 @@ def run() -> None:
     try:
         raw, secret = read_k3_config()
         cfg = parse_stack_config(raw, tuple(secret))
-        stack = K3ServingStack(NAMESPACE, cfg)
+        if cfg.host is not None:      # one Docker host, no cluster (k3infra/host)
+            from k3infra.host.component import K3HostStack
+
+            stack = K3HostStack(NAMESPACE, cfg)
+        else:
+            stack = K3ServingStack(NAMESPACE, cfg)
     except (ConfigError, GateError, HbmError, EngineBuildError) as exc:
         # The CLI prints a RunError's message alone: a refusal is not a crash, and a
         # Python traceback would bury the key, the value and what is accepted.

@@ -39,6 +39,9 @@ def _render(args: argparse.Namespace) -> int:
     written = write_render(render, args.out)
     cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys))
 
+    if cfg.host is not None:          # one Docker host (k3infra/host)
+        return _render_host(console, args, render, cfg, root, written)
+
     table = Table(title=f"k3infra render: stack {args.stack}", show_header=False)
     for key, value in summary_rows(cfg, render):
         table.add_row(key, value)
@@ -64,6 +67,36 @@ def _render(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
                   f"{args.out / 'manifests'}")
+    return 0
+
+
+def _render_host(console, args, render, cfg, root, written) -> int:
+    from rich.table import Table
+
+    from k3infra.host import report
+    from k3infra.receipt import load_receipt
+    from k3infra.summary import summary_rows
+    from k3infra.weights.lockcheck import load_stack_lock
+
+    receipt = load_receipt()
+    table = Table(title=f"k3infra render: stack {args.stack} (one Docker host)", show_header=False)
+    for key, value in summary_rows(cfg, render):
+        if key not in ("placement", "weights storage"):
+            table.add_row(key, value)
+    table.add_row("endpoint", str(render.outputs.get("endpoint")))
+    console.print(table)
+    containers = Table("container", "image", "command", title="containers, in order")
+    for row in report.container_rows(render):
+        containers.add_row(*row)
+    console.print(containers)
+    lock = load_stack_lock(receipt, cfg, root)
+    for line in report.preflight_lines(cfg, receipt, lock.total_bytes if lock else None):
+        console.print(f"preflight {line}", highlight=False)
+    for warning in render.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    plan = report.render_plan(receipt, cfg, render, lock.text if lock else None)
+    compose = report.write_compose(plan, receipt, cfg, args.out)
+    console.print(f"wrote {args.out / 'plan.json'} and {compose}")
     return 0
 
 

@@ -49,7 +49,10 @@ PROXY_START = (
     'exec nginx -e stderr -c "$0" -g "daemon off;"')
 # The gate, then vLLM (exec: vLLM gets the container's signals). Every start of the
 # container, restarts included, goes through the gate.
-GATE_THEN_SERVE = 'sh "$K3_RUNTIME_DIR"/gate.sh && exec vllm serve "$@"'
+# PYTHONPATH (the runtime package) is set for the gate alone: vLLM's import path is the
+# image's, and vLLM reads no K3_* variable.
+GATE_THEN_SERVE = ('PYTHONPATH="$K3_RUNTIME_DIR" sh "$K3_RUNTIME_DIR"/gate.sh '
+                   '&& exec vllm serve "$@"')
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ def host_plan(receipt: Receipt, cfg: StackConfig, image: Any,
     args = serving.serve_args(receipt, cfg, model_dir)
     env = {e["name"]: e["value"] for e in serving.serve_env(receipt, cfg, budget, "")
            if "value" in e}
-    env.update(wenv)
+    # The gate's inputs: only K3_* names (the serve-flags policy lets exactly these by).
+    env.update({k: v for k, v in wenv.items() if k.startswith("K3_")})
     health_url = f"http://{serving.ENGINE_HOST}:{s.engine_port}/health"
     ports = [] if h.network_mode == "host" else [
         Port(h.publish_address, s.port, s.port),
