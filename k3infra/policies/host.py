@@ -64,10 +64,10 @@ def serve_tokens(tokens: list[str]) -> Optional[list[str]]:
 
 def _env(props: Any) -> Optional[list[dict]]:
     envs = get(props, "envs")
-    if not isinstance(envs, (list, tuple)):
+    if envs is None or isinstance(envs, str):
         return None          # a secret list in an offline render: not readable here
     out = []
-    for entry in envs:
+    for entry in items(envs):
         name, _, value = str(entry).partition("=")
         out.append({"name": name, "value": value})
     return out
@@ -145,7 +145,9 @@ def _ports(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 host_image_digest = ResourceValidationPolicy(
     name="k3-host-image-digest",
-    description="Docker host: every container image and pulled image is pinned by digest.",
+    description=(f"Docker host: every container image and pulled image is pinned by digest "
+                 f"(no tag, no `latest`): the receipt's engine is one build ({_R.engine.name} "
+                 f"{_R.engine.version} @ {_R.engine.commit})."),
     validate=_images, enforcement_level=EnforcementLevel.MANDATORY)
 
 host_serve_flags = ResourceValidationPolicy(
@@ -157,14 +159,16 @@ host_serve_flags = ResourceValidationPolicy(
 
 host_container_safety = ResourceValidationPolicy(
     name="k3-host-container-safety",
-    description=("Docker host: no privileged container, no added capabilities, no host "
-                 "PID/IPC/user namespace, host network only when chosen."),
+    description=(f"Docker host: no privileged container (the {_R.measured_gpu.gpus_per_node} "
+                 "GPUs come through the NVIDIA runtime's device requests), no added "
+                 "capabilities, no host PID/IPC/user namespace, host network only when chosen."),
     validate=_safety, enforcement_level=EnforcementLevel.MANDATORY)
 
 host_port_binding = ResourceValidationPolicy(
     name="k3-host-port-binding",
-    description=("Docker host: ports are published on a chosen address (127.0.0.1 by "
-                 "default); every interface only with k3:host.publishAllInterfaces = true."),
+    description=(f"Docker host serving receipt {_R.id}: ports are published on a chosen "
+                 "address (127.0.0.1 by default); every interface only with "
+                 "k3:host.publishAllInterfaces = true."),
     validate=_ports, enforcement_level=EnforcementLevel.MANDATORY)
 
 POLICIES = [host_image_digest, host_serve_flags, host_container_safety, host_port_binding]
