@@ -377,3 +377,54 @@ def test_serve_tokens_reads_both_command_forms():
     assert hp.serve_tokens(["vllm", "serve", "/m", "--x"]) == ["/m", "--x"]
     assert hp.serve_tokens(["sh", "-c", 'gate && exec vllm serve "$@"', "$0", "/m"]) == ["/m"]
     assert hp.serve_tokens(["sh", "/etc/k3/weights/prefetch.sh"]) is None
+
+
+# --- verify through the Docker API --------------------------------------------------------
+
+def _inspect_of_plan() -> dict:
+    """What `docker inspect k3-vllm` reports for the container K3HostStack creates."""
+    from k3infra.serving import manifests as serving
+
+    cfg = host_cfg()
+    c = host_plan(load(), cfg, PREBUILT_IMAGE).container("vllm")
+    env = [f"{k}={v}" for k, v in c.env.items()] + ["VLLM_API_KEY=k3-test-key"]
+    return {"Name": "/k3-vllm", "State": {"Health": {"Status": "healthy"}},
+            "Config": {"Image": PREBUILT_IMAGE, "Entrypoint": c.command[:1], "Cmd": c.command[1:],
+                       "Env": env, "Labels": serving.pin_annotations(load(), cfg)}}
+
+
+def test_verify_reads_the_host_container_like_a_statefulset():
+    from k3infra.bench import drift
+    from k3infra.host.inspect import statefulset_view
+
+    view = statefulset_view(_inspect_of_plan())
+    rows = drift.statefulset_drift(view, load(), PREBUILT_IMAGE)
+    assert [r for r in rows if not r.ok] == []
+    assert drift.model_dir(view) == MODEL_DIR
+    assert "k3-test-key" not in str(view)
+    # A changed flag on the host is drift.
+    broken = _inspect_of_plan()
+    cmd = broken["Config"]["Cmd"]
+    cmd[cmd.index("--block-size") + 1] = "64"
+    bad = [r.check for r in drift.statefulset_drift(statefulset_view(broken), load()) if not r.ok]
+    assert bad == ["engine args (receipt order, after the model dir)"]
+
+
+def test_docker_host_uses_the_docker_cli(tmp_path):
+    import json as _json
+
+    from k3infra.host.inspect import DockerHost
+
+    (tmp_path / "inspect.json").write_text(_json.dumps([_inspect_of_plan()]))
+    fake = tmp_path / "docker"
+    fake.write_text(f"""#!/bin/sh
+[ "$1" = -H ] && [ "$2" = ssh://gpu@box ] || exit 9
+case "$3" in
+  inspect) cat {tmp_path}/inspect.json ;;
+  exec) [ "$5" = cat ] && echo "file $6" ;;
+esac
+""")
+    fake.chmod(0o755)
+    host = DockerHost("ssh://gpu@box", docker=str(fake))
+    assert host.statefulset()["metadata"]["name"] == "k3-vllm"
+    assert host.read_file("k3-vllm-0", "vllm", "/weights/x") == "file /weights/x\n"

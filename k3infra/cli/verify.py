@@ -18,6 +18,9 @@ from k3infra.cli import UsageError
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default="k3")
+    parser.add_argument("--docker-host", metavar="HOST",
+                        help="verify a Docker host's containers instead (ssh://user@host or "
+                             "unix:///var/run/docker.sock; needs --results or --no-results)")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
     parser.add_argument("--receipt", help="another receipt file of the same schema")
@@ -121,7 +124,15 @@ def _verify(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--lock {args.lock}: not a readable JSON lock ({exc})") from None
     try:
-        cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
+        if args.docker_host:
+            from k3infra.host.inspect import DockerHost
+
+            if args.results is None and not args.no_results:
+                raise UsageError("--docker-host: pass --results DIR (a run of `vllm bench "
+                                 "serve` against the host) or --no-results")
+            cluster = DockerHost(args.docker_host)
+        else:
+            cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         rows = verify_rows(cluster, receipt, lock=lock, expected_image=args.engine_image,
                            results_dir=args.results, fetch_dir=args.fetch_dir,
                            check_results=not args.no_results,
