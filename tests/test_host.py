@@ -428,3 +428,12 @@ esac
     host = DockerHost("ssh://gpu@box", docker=str(fake))
     assert host.statefulset()["metadata"]["name"] == "k3-vllm"
     assert host.read_file("k3-vllm-0", "vllm", "/weights/x") == "file /weights/x\n"
+
+
+def test_host_render_passes_the_whole_pack():
+    from k3infra.policies.runner import check_plan
+
+    assert check_plan(host_render().plan()).findings == []
+    wide = host_render("k3:host.publishAddress=0.0.0.0", "k3:host.publishAllInterfaces=true")
+    # check_plan loads the plan's k3:host config: the explicit choice passes.
+    assert check_plan(wide.plan()).findings == []
