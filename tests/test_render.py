@@ -100,7 +100,7 @@ def test_cli_render_refuses_bad_config(tmp_path, capsys, override, needle):
 def test_unknown_stack(tmp_path, capsys):
     assert main(["render", "--stack", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "known stacks: aws, coreweave, existing, nebius, oci" in err
+    assert "known stacks: aws, coreweave, existing, host, nebius, oci" in err
 
 
 def test_render_reads_the_users_stack_file_before_the_template(tmp_path):
