@@ -41,14 +41,15 @@ MAX_INSTANCE_LENGTH = LABEL_MAX - LONGEST_SUFFIX          # 37
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def check_instance_name(name: str) -> str:
-    """Refuse an instance name that cannot prefix every derived Kubernetes name."""
+def check_instance_name(name: str, what: str = "K3ServingStack name") -> str:
+    """Refuse an instance name that cannot prefix every derived Kubernetes name (`what`:
+    the component whose name it is, for the message)."""
     if not isinstance(name, str) or not _DNS_1035.match(name):
-        raise ConfigError("K3ServingStack name", name,
+        raise ConfigError(what, name,
                           "must be a DNS-1035 label (lowercase letters, digits and '-', "
                           "starting with a letter): it prefixes every Kubernetes name")
     if len(name) > MAX_INSTANCE_LENGTH:
-        raise ConfigError("K3ServingStack name", name,
+        raise ConfigError(what, name,
                           f"is {len(name)} characters; at most {MAX_INSTANCE_LENGTH}, so the "
                           f"longest derived name (<name>-engine-context-<hash>) fits the "
                           f"{LABEL_MAX}-character label limit")

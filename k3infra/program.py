@@ -37,17 +37,22 @@ def run(offline_render: bool = False) -> None:
         receipt = load_receipt()
         raw, secret = read_k3_config()
         cfg = parse_stack_config(raw, tuple(secret), receipt=receipt)
-        # Nodes and Kubernetes objects go to one cluster: the one the pool targets (aws,
-        # oci, nebius); elsewhere the stack's default kubernetes provider (kubernetes:*).
-        k8s = cluster_provider(f"{INSTANCE}-cluster", cfg)
-        providers = [k8s] if k8s is not None else None
-        depends_on = []
-        if pool_spec(cfg, receipt).gpu_operator:
-            depends_on.append(ClusterAddons("cluster-addons", cfg, receipt,
-                                            pulumi.ResourceOptions(providers=providers)))
-        stack = K3ServingStack(INSTANCE, cfg,
-                               pulumi.ResourceOptions(providers=providers, depends_on=depends_on),
-                               receipt=receipt, offline_render=offline_render)
+        if cfg.host is not None:      # one Docker host, no cluster (k3infra/host)
+            from k3infra.host.component import K3HostStack
+
+            stack = K3HostStack(INSTANCE, cfg, receipt=receipt, offline_render=offline_render)
+        else:
+            # Nodes and Kubernetes objects go to one cluster: the one the pool targets
+            # (aws, oci, nebius); elsewhere the stack's default provider (kubernetes:*).
+            k8s = cluster_provider(f"{INSTANCE}-cluster", cfg)
+            providers = [k8s] if k8s is not None else None
+            depends_on = []
+            if pool_spec(cfg, receipt).gpu_operator:
+                depends_on.append(ClusterAddons("cluster-addons", cfg, receipt,
+                                                pulumi.ResourceOptions(providers=providers)))
+            stack = K3ServingStack(INSTANCE, cfg,
+                                   pulumi.ResourceOptions(providers=providers, depends_on=depends_on),
+                                   receipt=receipt, offline_render=offline_render)
     except (ConfigError, GateError, HbmError, EngineBuildError) as exc:
         # The CLI prints a RunError's message alone: a refusal is not a crash, and a
         # Python traceback would bury the key, the value and what is accepted.

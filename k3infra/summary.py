@@ -3,6 +3,8 @@ startup budget. Pure: (config, render, receipt) -> rows. The `vllm serve` line i
 from the rendered StatefulSet, so it shows what the pods run, not a recomputation."""
 from __future__ import annotations
 
+from typing import Optional
+
 from k3infra.config import StackConfig
 from k3infra.hbm import hbm_fit
 from k3infra.receipt import Receipt
@@ -20,7 +22,10 @@ def rendered_serve_line(render) -> str:
     return " ".join(serve_argv(vllm))
 
 
-def summary_rows(cfg: StackConfig, render, receipt: Receipt) -> list[tuple[str, str]]:
+def summary_rows(cfg: StackConfig, render, receipt: Receipt,
+                 serve_line: Optional[str] = None) -> list[tuple[str, str]]:
+    """`serve_line`: the rendered `vllm serve` line when it is not a StatefulSet's (a
+    Docker host's server container, k3infra/host/report.py)."""
     r = receipt
     budget = startup_budget_seconds(r, cfg.serving)
     measured = m.is_measured(cfg)
@@ -37,7 +42,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt) -> list[tuple[str, 
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
          f"{w.prefetch_timeout_seconds(r, cfg)} s"),
-        ("vllm serve", rendered_serve_line(render)),
+        ("vllm serve", serve_line or rendered_serve_line(render)),
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
         ("placement", f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "
          f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "

@@ -371,3 +371,68 @@ def no_disruption_budget(plan):
 def budget_selects_nothing(plan):
     inputs(plan, "PodDisruptionBudget")["spec"]["selector"] = {
         "matchLabels": {"app.kubernetes.io/name": "not-k3"}}
+
+
+# --- a Docker host's containers (k3infra/host), injected into the plan ---------------------
+
+def _host_resources() -> list[dict]:
+    from conftest import GOOD_REVISION, PREBUILT_IMAGE, render
+
+    r = render("host", f"weightsRevision={GOOD_REVISION}", f"engineImage={PREBUILT_IMAGE}")
+    return copy.deepcopy([res for res in r.resources if res["type"].startswith("docker:")])
+
+
+def _with_host(plan: dict, name: str, mutate: Callable[[dict], None]) -> None:
+    injected = _host_resources()
+    mutate(next(r for r in injected if r["name"] == name)["inputs"])
+    plan["resources"] += injected
+
+
+@variant("k3-host-image-digest")
+def host_server_image_by_tag(plan):
+    _with_host(plan, "kimi-k3-vllm", lambda i: i.update(image="registry.example.com/k3/vllm-k3:v1"))
+
+
+@variant("k3-host-image-digest")
+def host_pulls_a_tag(plan):
+    _with_host(plan, "kimi-k3-proxy-image", lambda i: i.update(name="nginx:latest"))
+
+
+@variant("k3-host-serve-flags")
+def host_shorter_context(plan):
+    def mutate(i):
+        cmd = i["command"]
+        cmd[cmd.index("--max-model-len") + 1] = "8192"
+    _with_host(plan, "kimi-k3-vllm", mutate)
+
+
+@variant("k3-host-serve-flags")
+def host_engine_env_changed(plan):
+    # What the real preview shows (the analyzer sees the secret list's values).
+    _with_host(plan, "kimi-k3-vllm", lambda i: i.update(envs=[
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False", "HF_HUB_OFFLINE=1",
+        "VLLM_API_KEY=x", "K3_TREE=/weights/t"]))
+
+
+@variant("k3-host-container-safety")
+def host_privileged(plan):
+    _with_host(plan, "kimi-k3-vllm", lambda i: i.update(privileged=True))
+
+
+@variant("k3-host-container-safety")
+def host_network_unchosen(plan):
+    _with_host(plan, "kimi-k3-vllm", lambda i: i.update(networkMode="host"))
+
+
+@variant("k3-host-port-binding")
+def host_port_on_every_interface(plan):
+    def mutate(i):
+        i["ports"][0]["ip"] = "0.0.0.0"
+    _with_host(plan, "kimi-k3-vllm", mutate)
+
+
+@variant("k3-host-port-binding")
+def host_port_without_address(plan):
+    def mutate(i):
+        del i["ports"][0]["ip"]
+    _with_host(plan, "kimi-k3-vllm", mutate)

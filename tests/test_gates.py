@@ -164,10 +164,10 @@ def test_render_with_acknowledgement_has_no_licence_warning(receipt):
 
 
 def test_shipped_stacks_do_not_accept_the_licence():
-    from conftest import ROOT, STACKS
+    from conftest import ALL_STACKS, ROOT
     from k3infra.config import read_stack_file, stack_file
 
-    for stack in STACKS:
+    for stack in ALL_STACKS:
         raw, _ = read_stack_file(stack_file(stack, ROOT))
         assert raw.get("k3:acceptModelLicense", False) in (False, "false"), stack
 

@@ -101,7 +101,7 @@ def test_cli_render_refuses_bad_config(tmp_path, capsys, override, needle):
 def test_unknown_stack(tmp_path, capsys):
     assert main(["render", "--stack", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "known stacks: aws, coreweave, existing, nebius, oci" in err
+    assert "known stacks: aws, coreweave, existing, host, nebius, oci" in err
 
 
 def test_render_reads_the_users_stack_file_before_the_template(tmp_path):
@@ -168,10 +168,10 @@ def test_component_importable_from_another_program():
 def test_templates_carry_no_ciphertext_and_set_the_required_keys():
     """A `secure:` value is bound to one stack's key: a template's would fail every other
     user's `pulumi preview`. The CLI requires the declared keys without default."""
-    from conftest import STACKS
+    from conftest import ALL_STACKS
 
-    assert STACKS == ["aws", "coreweave", "existing", "nebius", "oci"]
-    for stack in STACKS:
+    assert ALL_STACKS == ["aws", "coreweave", "existing", "host", "nebius", "oci"]
+    for stack in ALL_STACKS:
         text = (ROOT / "stacks/examples" / f"Pulumi.{stack}.yaml").read_text()
         assert "secure:" not in text, stack
         assert "k3:weightsRevision:" in text, stack

@@ -41,6 +41,9 @@ def _render(args: argparse.Namespace) -> int:
     receipt = load_receipt()
     cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys), receipt=receipt)
 
+    if cfg.host is not None:          # one Docker host (k3infra/host)
+        return _render_host(console, args, render, cfg, receipt, root)
+
     table = Table(title=f"k3infra render: stack {args.stack}", show_header=False)
     for key, value in summary_rows(cfg, render, receipt):
         table.add_row(key, value)
@@ -66,6 +69,36 @@ def _render(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
                   f"{args.out / 'manifests'}")
+    return 0
+
+
+def _render_host(console, args, render, cfg, receipt, root) -> int:
+    from rich.table import Table
+
+    from k3infra.host import report
+    from k3infra.summary import summary_rows
+    from k3infra.weights.lockcheck import load_stack_lock
+
+    table = Table(title=f"k3infra render: stack {args.stack} (one Docker host)", show_header=False)
+    instance = report.rendered_instance(render)
+    for key, value in summary_rows(cfg, render, receipt,
+                                   serve_line=report.rendered_serve_line(render, instance)):
+        if key not in ("placement", "weights storage"):
+            table.add_row(key, value)
+    table.add_row("endpoint", str(render.outputs.get("endpoint")))
+    console.print(table)
+    containers = Table("container", "image", "command", title="containers, in order")
+    for row in report.container_rows(render):
+        containers.add_row(*row)
+    console.print(containers)
+    lock = load_stack_lock(receipt, cfg, root)
+    for line in report.preflight_lines(cfg, receipt, lock.total_bytes if lock else None):
+        console.print(f"preflight {line}", highlight=False)
+    for warning in render.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    plan = report.render_plan(receipt, cfg, render, lock.text if lock else None)
+    compose = report.write_compose(plan, receipt, cfg, args.out)
+    console.print(f"wrote {args.out / 'plan.json'} and {compose}")
     return 0
 
 

@@ -18,6 +18,13 @@ from k3infra.cli import UsageError
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default="k3")
+    parser.add_argument("--docker-host", metavar="HOST",
+                        help="verify a Docker host's containers instead (ssh://user@host or "
+                             "unix:///var/run/docker.sock; needs --results or --no-results)")
+    parser.add_argument("--instance",
+                        help="with --docker-host: the K3HostStack instance whose "
+                             "<instance>-vllm container is read (default: the stack "
+                             "program's instance, kimi-k3)")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
     parser.add_argument("--receipt", help="another receipt file of the same schema")
@@ -121,7 +128,17 @@ def _verify(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--lock {args.lock}: not a readable JSON lock ({exc})") from None
     try:
-        cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
+        if args.docker_host:
+            from k3infra.host.inspect import DockerHost
+
+            if args.results is None and not args.no_results:
+                raise UsageError("--docker-host: pass --results DIR (a run of `vllm bench "
+                                 "serve` against the host) or --no-results")
+            from k3infra.program import INSTANCE
+
+            cluster = DockerHost(args.docker_host, args.instance or INSTANCE)
+        else:
+            cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         rows = verify_rows(cluster, receipt, lock=lock, expected_image=args.engine_image,
                            results_dir=args.results, fetch_dir=args.fetch_dir,
                            check_results=not args.no_results,

@@ -417,6 +417,53 @@ class NetworkConfig(_Section):
         return v
 
 
+class HostConfig(_Section):
+    """One Docker host instead of a cluster (k3:host; k3infra/host). The Docker daemon is
+    Pulumi's own `docker:host` setting (ssh://user@host or the local socket)."""
+
+    # Weights tree and lock on the host's local NVMe (bind-mounted at /weights).
+    weights_root: str = Field(default="/mnt/k3-weights", alias="weightsRoot")
+    # Free space on weightsRoot's filesystem in decimal GB (`df -B1000000000`), checked
+    # against the lock before anything is pulled; unset = checked only by the prefetch.
+    free_gb: Optional[float] = Field(default=None, gt=0, alias="freeGB")
+    # Where the API port is published. 0.0.0.0 / :: only with publishAllInterfaces.
+    publish_address: str = Field(default="127.0.0.1", alias="publishAddress")
+    publish_all_interfaces: bool = Field(default=False, alias="publishAllInterfaces")
+    # bridge (ports published as above) or host (the proxy listens on every interface:
+    # an explicit publishAllInterfaces choice too).
+    network_mode: Literal["bridge", "host"] = Field(default="bridge", alias="networkMode")
+    restart: Literal["unless-stopped", "always", "on-failure"] = "unless-stopped"
+
+    @field_validator("weights_root")
+    @classmethod
+    def _abs_root(cls, v: str) -> str:
+        if not v.startswith("/") or ".." in v.split("/") or v.rstrip("/") == "":
+            raise ValueError("must be an absolute path below / without '..'")
+        return v.rstrip("/")
+
+    @field_validator("publish_address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError("must be an IP address of the host (default 127.0.0.1)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _all_interfaces_chosen(self) -> "HostConfig":
+        import ipaddress
+
+        wide = ipaddress.ip_address(self.publish_address).is_unspecified or self.network_mode == "host"
+        if wide and not self.publish_all_interfaces:
+            raise ValueError(f"publishAddress {self.publish_address} / networkMode "
+                             f"{self.network_mode} exposes the API on every interface: set "
+                             "publishAllInterfaces = true to choose that, or keep 127.0.0.1")
+        return self
+
+
 class StackConfig(_Section):
     """All `k3:*` keys. Field aliases are the config key names."""
 
@@ -443,6 +490,7 @@ class StackConfig(_Section):
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    host: Optional[HostConfig] = None
 
     @field_validator("weights_revision")
     @classmethod

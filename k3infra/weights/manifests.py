@@ -208,3 +208,9 @@ def serving_parts(receipt: Receipt, cfg: StackConfig, base: str, image: Any,
         volumes=[_storage_volume(base, cfg), _runtime_volume(base, has_lock)],
         init_containers=[gate],
         main_mounts=[{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT, "readOnly": True}])
+
+
+def runtime_env(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
+    """The runtime's K3_* variables as plain name -> value (a Docker host's containers,
+    k3infra/host): the same ones the pods get, without the HF token reference."""
+    return {e["name"]: e["value"] for e in _env(receipt, cfg, layout(receipt, cfg), None)}

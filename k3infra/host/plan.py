@@ -1,0 +1,225 @@
+"""The containers of one Docker host, pure: (receipt, config, instance, image) -> `HostPlan`.
+
+Names derive from the instance (k3infra.naming's rule, as for a cluster): the Compose
+project is `<instance>`, each container `<instance>-<role>` (prefetch, vllm, proxy), the
+compile-cache volume `<instance>-cache`; two instances on one daemon share nothing.
+
+One description feeds both outputs, so they cannot drift apart:
+- `K3HostStack` (k3infra/host/component.py) turns it into pulumi-docker resources;
+- `compose.yaml` (k3infra/host/compose.py) is the same containers for `docker compose up`.
+
+Three containers, in order:
+  prefetch  one-shot, the `k3weights` runtime (lock check, resumable download at the
+            pinned revision, overlapped verify, atomic marker); must exit 0 first;
+  vllm      the weights gate, then `exec vllm serve` with the receipt's args and env;
+            vLLM listens on 127.0.0.1:enginePort inside its own network namespace;
+  proxy     the same nginx authenticating proxy as the pod (k3infra/serving/proxy.py),
+            in vllm's network namespace: the only listener on the published ports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from k3infra.config import ConfigError, StackConfig
+from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
+from k3infra.receipt import Receipt
+from k3infra.serving import manifests as serving
+from k3infra.serving import proxy
+from k3infra.serving.startup import startup_budget_seconds
+from k3infra.weights import manifests as weights
+
+RUNTIME_MOUNT = weights.RUNTIME_DIR  # the runtime package and pod scripts, as files
+SERVER = "vllm"                      # the serving container's role (Compose service name)
+# vLLM and NCCL pin host memory and open many files; the NVIDIA container guidance.
+ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
+# The secret env names the containers read (values: Pulumi secrets, or Compose's env file).
+API_KEY_ENV = "VLLM_API_KEY"
+HF_TOKEN_ENV = "HF_TOKEN"
+PROXY_KEYS_FILE = f"{proxy.TMP_DIR}/{proxy.KEYS_KEY}"
+HEALTH_INTERVAL_SECONDS = 30
+HEALTH_TIMEOUT_SECONDS = 10
+HEALTH_RETRIES = 4
+
+# The proxy writes its key map from $VLLM_API_KEY at start, in the same form as the pod's
+# Secret (proxy.keys_map: an anchored regex with '.' and '+' escaped), then runs nginx.
+# A key outside RFC 6750's token characters stops the proxy (nothing served without auth).
+PROXY_START = (
+    'printf %s "$VLLM_API_KEY" | grep -Eqx \'[A-Za-z0-9._~+/-]+=*\' '
+    '|| { echo "k3 proxy: VLLM_API_KEY is not an RFC 6750 bearer token" >&2; exit 1; }; '
+    'umask 077; printf \'"~^Bearer %s$" 1;\\n\' '
+    '"$(printf %s "$VLLM_API_KEY" | sed \'s/[.+]/\\\\&/g\')" > ' + PROXY_KEYS_FILE + '; '
+    'exec nginx -e stderr -c "$0" -g "daemon off;"')
+# The gate, then vLLM (exec: vLLM gets the container's signals). Every start of the
+# container, restarts included, goes through the gate.
+# PYTHONPATH (the runtime package) is set for the gate alone: vLLM's import path is the
+# image's, and vLLM reads no K3_* variable.
+GATE_THEN_SERVE = ('PYTHONPATH="$K3_RUNTIME_DIR" sh "$K3_RUNTIME_DIR"/gate.sh '
+                   '&& exec vllm serve "$@"')
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str          # host path (bind) or volume name
+    target: str
+    read_only: bool = False
+    kind: str = "bind"   # bind | volume | tmpfs
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    test: list[str]
+    interval_seconds: int
+    timeout_seconds: int
+    retries: int
+    start_period_seconds: int
+
+
+@dataclass(frozen=True)
+class Port:
+    host_ip: str
+    host_port: int
+    container_port: int
+
+
+@dataclass
+class HostContainer:
+    name: str
+    image: Any
+    command: list[str]
+    env: dict[str, str]
+    secret_env: list[str] = field(default_factory=list)   # names only: values are secrets
+    files: dict[str, str] = field(default_factory=dict)   # container path -> content
+    mounts: list[Mount] = field(default_factory=list)
+    gpus: Optional[int] = None
+    shm_size_bytes: Optional[int] = None
+    ulimits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ports: list[Port] = field(default_factory=list)
+    healthcheck: Optional[HealthCheck] = None
+    restart: str = "no"
+    network_mode: Optional[str] = None       # None: the default bridge; "service:<name>"
+    user: str = f"{ENGINE_UID}:{ENGINE_GID}"
+    read_only_rootfs: bool = True
+    one_shot: bool = False
+    depends_on: dict[str, str] = field(default_factory=dict)   # name -> compose condition
+
+
+def container_name(instance: str, role: str) -> str:
+    """The Docker container of one role of an instance (`kimi-k3-vllm`)."""
+    return f"{instance}-{role}"
+
+
+def cache_volume(instance: str) -> str:
+    """Compile caches (torch.compile, Triton): a named volume that survives restarts."""
+    return f"{instance}-cache"
+
+
+@dataclass
+class HostPlan:
+    instance: str        # the Compose project; container and volume names derive from it
+    image: Any
+    containers: list[HostContainer]
+    weights_root: str
+    model_dir: str
+    serve_command: list[str]
+    endpoint: str
+
+    def container(self, name: str) -> HostContainer:
+        return next(c for c in self.containers if c.name == name)
+
+
+def check_host_engine(cfg: StackConfig) -> None:
+    """A host runs a pinned image it pulls (prebuilt) or builds locally: an in-cluster
+    build needs a cluster."""
+    if cfg.engine.build == "in-cluster":
+        raise ConfigError("k3:engine.build", cfg.engine.build,
+                          "a Docker host has no cluster to build in; accepted: prebuilt "
+                          "(k3:engineImage = <repository>@sha256:<64 hex>) or local")
+
+
+def runtime_files() -> dict[str, str]:
+    """The `k3weights` runtime and pod scripts at the paths the pods mount them."""
+    from k3infra.weights import RUNTIME_FILES
+
+    data = weights.runtime_files()
+    files = {f"{RUNTIME_MOUNT}/{weights.RUNTIME_PACKAGE}/{n}":
+             data[f"{weights.RUNTIME_PACKAGE}.{n}"] for n in RUNTIME_FILES}
+    files.update({f"{RUNTIME_MOUNT}/{s}": data[s] for s in weights.POD_SCRIPTS})
+    return files
+
+
+def _weights_env(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
+    env = weights.runtime_env(receipt, cfg)
+    # The prefetch container completes before the server is created: the gate only
+    # verifies (shared mode) and never downloads in the serving container.
+    env["K3_WEIGHTS_MODE"] = "shared"
+    return env
+
+
+def endpoint(cfg: StackConfig) -> str:
+    h = cfg.host
+    address = "127.0.0.1" if h.network_mode == "host" else h.publish_address
+    shown = f"[{address}]" if ":" in address else address
+    return f"http://{shown}:{cfg.serving.port}"
+
+
+def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
+              lock_text: Optional[str] = None) -> HostPlan:
+    if cfg.host is None:
+        raise ConfigError("k3:host", None, "is required for a Docker host stack")
+    check_host_engine(cfg)
+    h, s = cfg.host, cfg.serving
+    lay = weights.layout(receipt, cfg)
+    files = runtime_files()
+    if lock_text is not None:
+        files[f"{RUNTIME_MOUNT}/{weights.LOCK_KEY}"] = lock_text
+    wenv = _weights_env(receipt, cfg)
+    tmp = Mount("", "/tmp", kind="tmpfs")
+
+    prefetch = HostContainer(
+        name="prefetch", image=image, command=["sh", f"{RUNTIME_MOUNT}/prefetch.sh"],
+        env=wenv, secret_env=[HF_TOKEN_ENV] if cfg.hf_token is not None else [],
+        files=files, mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT), tmp],
+        one_shot=True)
+
+    budget = startup_budget_seconds(receipt, s)
+    model_dir = lay.tree
+    args = serving.serve_args(receipt, cfg, model_dir)
+    env = {e["name"]: e["value"] for e in serving.serve_env(receipt, cfg, budget, "")
+           if "value" in e}
+    # The gate's inputs: only K3_* names (the serve-flags policy lets exactly these by).
+    env.update({k: v for k, v in wenv.items() if k.startswith("K3_")})
+    health_url = f"http://{serving.ENGINE_HOST}:{s.engine_port}/health"
+    ports = [] if h.network_mode == "host" else [
+        Port(h.publish_address, s.port, s.port),
+        # Metrics for a scraper on the box itself; never on another interface.
+        Port("127.0.0.1", s.metrics_port, s.metrics_port)]
+    vllm = HostContainer(
+        name=SERVER, image=image,
+        command=["sh", "-c", GATE_THEN_SERVE, "vllm-serve", *args],
+        env=env, secret_env=[API_KEY_ENV], files=files,
+        mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT, read_only=True),
+                Mount(cache_volume(instance), serving.CACHE_ROOT, kind="volume"), tmp],
+        gpus=receipt.measured_gpu.gpus_per_node,
+        shm_size_bytes=s.shm_size_gi * 2**30, ulimits=dict(ULIMITS), ports=ports,
+        healthcheck=HealthCheck(
+            ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen("
+                                     f"{health_url!r}, timeout={HEALTH_TIMEOUT_SECONDS})"],
+            HEALTH_INTERVAL_SECONDS, HEALTH_TIMEOUT_SECONDS, HEALTH_RETRIES,
+            # The startup budget (load + compile, with its safety factor).
+            budget.total_seconds),
+        restart=h.restart, network_mode="host" if h.network_mode == "host" else None,
+        depends_on={"prefetch": "service_completed_successfully"})
+
+    conf_path = f"{proxy.CONF_DIR}/{proxy.CONF_KEY}"
+    proxy_c = HostContainer(
+        name="proxy", image=s.proxy_image,
+        command=["sh", "-c", PROXY_START, conf_path],
+        env={}, secret_env=[API_KEY_ENV],
+        files={conf_path: proxy.nginx_conf(cfg, keys_file=PROXY_KEYS_FILE)},
+        mounts=[tmp], restart=h.restart, network_mode=f"service:{SERVER}",
+        user=f"{proxy.PROXY_UID}:{proxy.PROXY_UID}",
+        depends_on={SERVER: "service_started"})
+    return HostPlan(instance=instance, image=image, containers=[prefetch, vllm, proxy_c],
+                    weights_root=h.weights_root, model_dir=model_dir,
+                    serve_command=["vllm", "serve", *args], endpoint=endpoint(cfg))
