@@ -38,7 +38,7 @@ e2e: venv
 	@start=$$(date +%s); \
 	bin=$$(tools/engine/build.sh | tail -n 1); \
 	echo "e2e: engine bin $$bin (build/reuse $$(( $$(date +%s) - start )) s)"; \
-	K3INFRA_ENGINE_BIN=$$bin $(BIN)/python -m pytest -m e2e -p no:cacheprovider tests/e2e; \
+	K3INFRA_ENGINE_BIN=$$bin $(BIN)/python -m pytest -m e2e -p no:cacheprovider -s -rs tests/e2e; \
 	rc=$$?; echo "e2e: total $$(( $$(date +%s) - start )) s"; exit $$rc
 
 clean:

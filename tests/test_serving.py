@@ -311,3 +311,11 @@ def test_proxy_ports_must_differ():
                             "engineImage": "r/v@sha256:" + "1" * 64,
                             "serving": {"metricsPort": 8000}}, receipt=load_receipt())
     assert err.value.key == "k3:serving"
+
+
+def test_statefulset_takes_its_fields_back_from_other_managers():
+    """Drift restored by `pulumi up`: a serve flag changed with `kubectl edit` is another
+    field manager's; without patchForce server-side apply refuses with a conflict (the
+    real API server showed it, tests/e2e/test_apiserver_stack.py)."""
+    sts = manifest(render(), "StatefulSet")
+    assert sts["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"

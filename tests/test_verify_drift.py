@@ -223,3 +223,41 @@ def test_cli_without_a_cluster_says_so(tmp_path, capsys):
     rc = main(["verify", "--kubeconfig", str(tmp_path / "missing-kubeconfig")])
     assert rc == 2
     assert "kubeconfig" in capsys.readouterr().err
+
+
+class PendingPodCluster(RecordedCluster):
+    """The serving pod exists but never ran (no node yet, or crash-looping)."""
+
+    def read_file(self, pod, container, path):
+        from k3infra.live.cluster import ClusterError
+
+        raise ClusterError(f"exec in pod {pod} in namespace k3: 400 pod {pod} does not "
+                           "have a host assigned")
+
+
+def test_verify_shows_the_statefulset_rows_when_the_pod_cannot_be_read(tmp_path, sts, receipt):
+    """Found by the real API server: a Pending pod made verify exit 2 with no table,
+    hiding a drifted serve flag - the likely reason the pod is not running."""
+    args = _container(sts)["args"]
+    args[args.index("--block-size") + 1] = "64"
+    cl = PendingPodCluster(sts, {}, None, None)
+    rows = verify_rows(cl, receipt, check_results=False, tolerance_pct=10)
+    failed = {r.check: r.actual for r in rows if not r.ok}
+    assert "--block-size 64" in failed["engine args (receipt order, after the model dir)"]
+    assert "does not have a host assigned" in failed["verified marker [kimi-k3-0]"]
+    assert set(failed) == {"engine args (receipt order, after the model dir)",
+                           "verified marker [kimi-k3-0]"}
+
+
+def test_a_refused_exec_shows_the_servers_message():
+    from kubernetes.client.exceptions import ApiException
+
+    from k3infra.live.cluster import _api_message
+
+    body = ('{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+            '"message":"pod kimi-k3-0 does not have a host assigned","reason":"BadRequest",'
+            '"code":400}')
+    exc = ApiException(status=0, reason="Handshake status 400 Bad Request -+-+- "
+                                        "{'audit-id': 'x'} -+-+- " + body)
+    assert _api_message(exc) == "400 pod kimi-k3-0 does not have a host assigned"
+    assert _api_message(ApiException(status=403, reason="Forbidden")) == "403 Forbidden"

@@ -64,13 +64,21 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
     name = sts["metadata"]["name"]
     for ordinal in range(int(sts["spec"].get("replicas", 1))):
         pod = f"{name}-{ordinal}"
-        text = cluster.read_file(pod, drift.SERVING_CONTAINER, f"{tree}/{MARKER_NAME}") \
-            if tree else None
+        try:
+            text = cluster.read_file(pod, drift.SERVING_CONTAINER, f"{tree}/{MARKER_NAME}") \
+                if tree else None
+            pod_lock = lock
+            if pod_lock is None and revision:
+                pod_lock = _json(cluster.read_file(
+                    pod, drift.SERVING_CONTAINER, WeightsLayout(receipt.model.repo, revision).lock))
+        except ClusterError as exc:
+            # A pod not running (Pending, crash-looping on a bad flag) is drift to show in
+            # the table beside the StatefulSet's rows, not a reason to hide them.
+            rows.append(drift.DriftRow("weights", f"verified marker [{pod}]",
+                                       "readable in the running serving container",
+                                       f"cannot read: {exc}", False))
+            continue
         marker = _json(text)
-        pod_lock = lock
-        if pod_lock is None and revision:
-            pod_lock = _json(cluster.read_file(pod, drift.SERVING_CONTAINER,
-                                               WeightsLayout(receipt.model.repo, revision).lock))
         for r in drift.weights_drift(marker, pod_lock, receipt, revision=revision,
                                      profile=profile):
             rows.append(drift.DriftRow(r.area, f"{r.check} [{pod}]", r.expected, r.actual, r.ok))

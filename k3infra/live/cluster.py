@@ -33,6 +33,21 @@ def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> 
     return client.ApiClient()
 
 
+def _api_message(exc: Any) -> str:
+    """The server's own Status message when it sent one. An exec refused at the websocket
+    handshake arrives as status 0 with the response headers and body in `reason`."""
+    import json
+
+    body = exc.body or str(exc.reason or "").rsplit(" -+-+- ", 1)[-1]
+    try:
+        status = json.loads(body)
+    except (TypeError, ValueError):
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return f"{status.get('code', exc.status)} {status['message']}"
+    return f"{exc.status} {exc.reason}"
+
+
 class KubeCluster:
     """The few reads verify needs, as plain dicts (camelCase, as the API serves them)."""
 
@@ -53,8 +68,8 @@ class KubeCluster:
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
-            raise ClusterError(f"{what} in namespace {self.namespace}: {exc.status} "
-                               f"{exc.reason}") from None
+            raise ClusterError(f"{what} in namespace {self.namespace}: "
+                               f"{_api_message(exc)}") from None
         except OSError as exc:
             raise ClusterError(f"{what}: cluster not reachable ({exc})") from None
 

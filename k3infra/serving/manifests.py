@@ -167,6 +167,13 @@ def update_strategy(cfg: StackConfig) -> dict:
             "rollingUpdate": {"partition": cfg.serving.update_partition}}
 
 
+# The serve flags are k3infra's: a field changed by another manager (`kubectl edit`,
+# `kubectl patch`) is drift, and `pulumi up` must put the receipt's value back. Without
+# this, server-side apply answers a field-manager conflict and the update fails (found
+# by the real API server, tests/e2e/test_apiserver_stack.py).
+RESTORE_DRIFT = {"pulumi.com/patchForce": "true"}
+
+
 def await_annotations(cfg: StackConfig) -> dict[str, str]:
     """When `pulumi up` counts the StatefulSet as done (pulumi-kubernetes' await).
 
@@ -266,6 +273,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         "metadata": {"name": names.statefulset, "namespace": names.namespace,
                      "labels": labels(instance),
                      "annotations": {**pin_annotations(receipt, cfg, engine_pins), **await_annotations(cfg),
+                                     **RESTORE_DRIFT,
                                      **checkov_skips.annotations(
                          checkov_skips.ENGINE_IMAGE_UID, checkov_skips.VLLM_API_KEY_ENV)}},
         "spec": {

@@ -25,6 +25,14 @@ PASSPHRASE = "k3infra-e2e-passphrase"      # test-only; never a user's secret
 KUBERNETES_PROVIDER = version("pulumi-kubernetes")
 
 
+# The `existing` stack's values in the e2e tests (test-only; never a user's secret).
+REVISION = "3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c"
+API_KEY = "e2e-api-key-d41d8cd98f00b204"          # must never appear in state or files
+HF_TOKEN = "hf_e2eTokenNeverInState0123456789"
+IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "5e" * 32
+PROXY_IMAGE = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "7a" * 32
+
+
 class PulumiError(AssertionError):
     pass
 
@@ -139,6 +147,38 @@ def read_manifests(directory: Path) -> list[dict]:
 def object_key(obj: dict) -> tuple:
     meta = obj.get("metadata", {})
     return (obj.get("apiVersion"), obj.get("kind"), meta.get("namespace"), meta.get("name"))
+
+
+# --- the `existing` stack as the README sets it up -------------------------------------
+
+def stack_ready(pulumi: Pulumi, *extra: tuple[str, ...]) -> None:
+    """The `existing` stack as the README sets it up, with a prebuilt engine image (an
+    in-cluster build needs a cluster to run its Job) and the licence acknowledged."""
+    pulumi.run("stack", "init", "existing")
+    for args in (("k3:weightsRevision", REVISION),
+                 ("--path", "k3:weights.storageClass", "rwx-e2e"),
+                 ("--path", "k3:engine.build", "prebuilt"),
+                 ("k3:engineImage", IMAGE),
+                 ("--path", "k3:serving.proxyImage", PROXY_IMAGE),
+                 ("--secret", "k3:apiKey", API_KEY),
+                 ("--secret", "k3:hfToken", HF_TOKEN),
+                 ("k3:acceptModelLicense", "true"), *extra):
+        pulumi.run("config", "set", *args, show=0)
+
+
+def render_mode(pulumi: Pulumi, out: Path) -> None:
+    pulumi.run("config", "set", "kubernetes:renderYamlToDirectory", str(out), show=0)
+
+
+def copy_template(pulumi: Pulumi, stack: str = "existing") -> None:
+    pulumi.shell(f"cp stacks/examples/Pulumi.{stack}.yaml stacks/", show=0)
+
+
+def offline_render(pulumi: Pulumi, out: Path) -> list[dict]:
+    """`k3infra render` of the same stack file (the user's, with their ciphertext)."""
+    subprocess.run([str(ROOT / ".venv/bin/k3infra"), "render", "--stack", "existing",
+                    "--out", str(out)], cwd=pulumi.cwd, check=True, capture_output=True, text=True)
+    return [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
 
 
 # --- fixtures (imported by the test modules: a second conftest.py would shadow the suite's

@@ -20,9 +20,8 @@ import time
 
 import pytest
 
-from engine import Pulumi, object_key
+from engine import Pulumi, copy_template, object_key, offline_render, stack_ready
 from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
-from test_engine import copy_template, offline_render, stack_ready
 
 # The session fixture `cluster`, registered once however many modules name it.
 pytest_plugins = ["apiserver"]
@@ -207,12 +206,6 @@ def test_apply_admit_and_destroy(on_server, kube, tmp_path):
     assert left == [], left
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect found by the real server: a flag changed through the API by another field "
-    "manager (kubectl edit/patch) makes `pulumi up` fail with a server-side apply "
-    "conflict on .spec.template.spec.containers[vllm].args instead of restoring the "
-    "receipt's value; with pulumi.com/patchForce: \"true\" on the StatefulSet it "
-    "restores (checked by hand): remove this marker with that fix"))
 def test_drift_is_shown_and_restored(on_server, kube):
     """A serve flag patched through the API: refresh + preview show it, up restores it."""
     dyn, _core = kube

@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from engine import ROOT, Pulumi, object_key, read_manifests
+from engine import (API_KEY, HF_TOKEN, IMAGE, PROXY_IMAGE, REVISION, ROOT, Pulumi, copy_template,
+                    object_key, offline_render, read_manifests, render_mode, stack_ready)
 from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.e2e
 
-REVISION = "3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c"
-API_KEY = "e2e-api-key-d41d8cd98f00b204"          # must never appear in state or files
-HF_TOKEN = "hf_e2eTokenNeverInState0123456789"
-IMAGE = "registry.example.com/k3/vllm-k3@sha256:" + "5e" * 32
-PROXY_IMAGE = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "7a" * 32
 # What the README's placeholders stand for in these tests.
 PLACEHOLDERS = {
     "<a passphrase>": "k3infra-e2e-passphrase",
@@ -39,29 +33,6 @@ def readme_block(marker: str) -> str:
     m = re.search(rf"<!-- e2e: {re.escape(marker)} -->\n```\w*\n(.*?)```", text, re.S)
     assert m, f"README has no block marked '{marker}'"
     return m.group(1)
-
-
-def stack_ready(pulumi: Pulumi, *extra: tuple[str, ...]) -> None:
-    """The `existing` stack as the README sets it up, with a prebuilt engine image (an
-    in-cluster build needs a cluster to run its Job) and the licence acknowledged."""
-    pulumi.run("stack", "init", "existing")
-    for args in (("k3:weightsRevision", REVISION),
-                 ("--path", "k3:weights.storageClass", "rwx-e2e"),
-                 ("--path", "k3:engine.build", "prebuilt"),
-                 ("k3:engineImage", IMAGE),
-                 ("--path", "k3:serving.proxyImage", PROXY_IMAGE),
-                 ("--secret", "k3:apiKey", API_KEY),
-                 ("--secret", "k3:hfToken", HF_TOKEN),
-                 ("k3:acceptModelLicense", "true"), *extra):
-        pulumi.run("config", "set", *args, show=0)
-
-
-def render_mode(pulumi: Pulumi, out: Path) -> None:
-    pulumi.run("config", "set", "kubernetes:renderYamlToDirectory", str(out), show=0)
-
-
-def copy_template(pulumi: Pulumi, stack: str = "existing") -> None:
-    pulumi.shell(f"cp stacks/examples/Pulumi.{stack}.yaml stacks/", show=0)
 
 
 # --- the README -----------------------------------------------------------------------
@@ -100,13 +71,6 @@ def test_cli_refuses_a_stack_without_the_required_keys(pulumi):
 
 
 # --- up without a cluster, and the offline render ---------------------------------------
-
-def offline_render(pulumi: Pulumi, out: Path) -> list[dict]:
-    """`k3infra render` of the same stack file (the user's, with their ciphertext)."""
-    subprocess.run([str(ROOT / ".venv/bin/k3infra"), "render", "--stack", "existing",
-                    "--out", str(out)], cwd=pulumi.cwd, check=True, capture_output=True, text=True)
-    return [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
-
 
 # Where `pulumi up` (render mode) and `k3infra render` legitimately differ; each is
 # explained in docs/engine-e2e.md. Everything else must be identical.

@@ -18,6 +18,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="${K3INFRA_ENGINE_CACHE:-$HOME/.cache/k3infra/engine}"
 export GOFLAGS="-mod=readonly -buildvcs=false"
 mkdir -p "$root"
+# One build at a time per cache: two runs would share (and remove) each other's .tmp dirs.
+exec 9>"$root/.lock"
+flock 9
 
 # The Pulumi version linked into the CLI and the host: the sdk/v3 version go.mod pins.
 pulumi_version() { (cd "$here" && go list -m -f '{{.Version}}' github.com/pulumi/pulumi/sdk/v3); }
