@@ -116,10 +116,8 @@ def job_timeout_seconds(cfg: StackConfig) -> int:
 def _gpu_node_placement(cfg: StackConfig, serving_selector: dict, instance: str) -> dict:
     """On a serving node of this instance's pool, beside a serving pod: its weights
     passed that pod's gate."""
-    return {"affinity": {"nodeAffinity": placement.node_affinity(
-                [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
-                         "podAffinity": placement.beside(serving_selector)},
-            "tolerations": placement.tolerations()}
+    return placement.beside_serving(
+        cfg.gpu_product, placement.pool_of(cfg.node_pool.provider, instance), serving_selector)
 
 
 def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
