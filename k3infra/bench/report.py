@@ -10,7 +10,7 @@ from k3infra.bench.results import BenchResult
 from k3infra.receipt import Receipt
 
 _STYLE = {"pass": "green", "FAIL": "bold red", "not comparable": "yellow",
-          "no receipt figure": "dim"}
+          "new evidence": "cyan"}
 
 
 def _short(source: str) -> str:
