@@ -132,7 +132,7 @@ def print_cost(rows, node_rate: float, nodes: int, console=None) -> None:
                       f"{r.output_tokens_per_s:.2f}", f"{r.total_tokens_per_s:.2f}",
                       f"{r.usd_per_m_output:.4f}", f"{r.usd_per_m_total:.4f}")
     console.print(table)
-    console.print(f"formula: {FORMULA}", highlight=False)
+    console.print(f"formula: {FORMULA}", highlight=False, soft_wrap=True)
 
 
 def plot_cost(rows, node_rate: float, nodes: int, out: Path) -> Path:
@@ -156,6 +156,7 @@ def plot_cost(rows, node_rate: float, nodes: int, out: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xticks(cs)
     ax.set_xticklabels([str(c) for c in cs])
+    ax.margins(x=0.12)
     ax.set_xlabel("concurrency (max in-flight requests)")
     ax.set_ylabel("USD per million tokens")
     ax.set_title(f"cost at {node_rate:g} USD/node-hour x {nodes} node(s), measured throughput")
