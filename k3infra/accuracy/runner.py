@@ -24,6 +24,8 @@ import datetime
 import hashlib
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     run_id = args.run_id or f"{started:%Y%m%dT%H%M%SZ}-{os.environ.get('HOSTNAME', 'local')}"
     run_dir = Path(args.results) / run_id
     run_dir.mkdir(parents=True, exist_ok=False)
-    lm_eval = args.lm_eval.split() if args.lm_eval else [sys.executable, "-m", "lm_eval"]
+    lm_eval = shlex.split(args.lm_eval) if args.lm_eval else [sys.executable, "-m", "lm_eval"]
     cmd = lm_eval_command(lm_eval, endpoint=args.endpoint, model=args.model, tasks=args.tasks,
                           include_path=args.tasks_dir, limit=args.limit,
                           max_tokens=args.max_tokens, seed=args.seed,
@@ -190,7 +192,7 @@ def _harness_version(lm_eval: Sequence[str]) -> str:
     probe = [*lm_eval[:-2], "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"] \
         if list(lm_eval[-2:]) == ["-m", "lm_eval"] else None
     if probe is None:
-        python = Path(lm_eval[0]).with_name("python")
+        python = Path(shutil.which(lm_eval[0]) or lm_eval[0]).with_name("python")
         probe = [str(python), "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"]
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=60, check=False)

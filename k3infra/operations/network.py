@@ -20,7 +20,8 @@ metadata service, in-cluster services and the node network are never "the Hub").
 Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
 the serving pods' API port (its tokenizer comes from the weights directory, offline);
 the reader pod `k3infra bench fetch` starts streams through the exec API and needs no
-network at all.
+network at all. The AccuracySmoke Job (k3:accuracy.enabled) is held the same way: DNS
+and the serving API port only (its datasets come from its image, offline).
 
 Kubelet probes and `kubectl port-forward` reach the pod from its own node and are not
 subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-native).
