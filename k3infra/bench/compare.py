@@ -8,9 +8,10 @@ Two questions, in this order:
    that agree with the file's own per-request `latencies`. A file that fails any of
    these is not comparable: its latencies are shown but never judged.
    A file at a concurrency the receipt did not measure (the wider sweep, concurrency 1)
-   is new evidence: the grid checks (concurrency, request count, the output cap; the
-   wide sweep's own cap at its concurrencies) do not apply, the integrity checks do,
-   and its latencies are shown, never judged.
+   is new evidence: the grid checks (concurrency, request count) do not apply; the
+   output cap is the receipt's, or at the wide sweep's concurrencies the sweep's when
+   outputs pass the receipt's; the integrity checks apply; its latencies are shown,
+   never judged.
 2. Are p50 and p99 end-to-end latency within tolerance of the receipt at the same
    concurrency? Two-sided: a run far *faster* than the receipt is as suspect as a slow
    one (prefix-cache hits, short outputs) and fails the same way.
@@ -150,10 +151,9 @@ def workload_checks(r: BenchResult, receipt: Receipt) -> list[Check]:
                f"{lo}..{hi}", f"{mean:.0f}", lo <= mean <= hi)
 
     cap = w.output_tokens_max
-    if new and wide is not None and r.max_concurrency in wide.concurrencies:
-        cap = wide.output_tokens_max
-    elif new:
-        cap = max(r.output_lens or [0]) if r.output_lens else cap   # no cap to hold it to
+    if (new and wide is not None and r.max_concurrency in wide.concurrencies
+            and r.output_lens and max(r.output_lens) > cap):
+        cap = wide.output_tokens_max     # the wide sweep's outputs; the grid's cap otherwise
     ignore_eos = r.metadata.get("k3_ignore_eos", "").lower() == "true"
     if r.output_lens is not None and r.output_lens:
         if ignore_eos:
