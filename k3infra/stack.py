@@ -179,7 +179,7 @@ class K3ServingStack(pulumi.ComponentResource):
             from k3infra.accuracy.component import AccuracySmoke
 
             self.accuracy = AccuracySmoke(
-                f"{name}-accuracy", receipt, cfg, base=BASE, namespace=cfg.namespace,
+                f"{name}-accuracy", receipt, inputs, base=instance, namespace=cfg.namespace,
                 labels=m.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
                 api_key_secret=names.api_key_secret, api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=m.selector_labels(instance),

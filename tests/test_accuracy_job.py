@@ -30,12 +30,12 @@ def test_job_runs_after_serving_with_the_shipped_tasks():
     r = render("existing", PIN, ON)
     by_name = {res["name"]: res for res in r.resources}
     comp = r.by_type("k3infra:index:AccuracySmoke")
-    assert len(comp) == 1 and comp[0]["parent"] == by_name["k3"]["urn"]
-    job = by_name["k3-accuracy-job"]
+    assert len(comp) == 1 and comp[0]["parent"] == by_name["kimi-k3"]["urn"]
+    job = by_name["kimi-k3-accuracy-job"]
     assert job["parent"] == comp[0]["urn"]
-    assert by_name["k3-serving-statefulset"]["urn"] in job["dependsOn"]
-    assert by_name["k3-accuracy-runtime"]["urn"] in job["dependsOn"]
-    assert by_name["k3-accuracy-results"]["urn"] in job["dependsOn"]
+    assert by_name["kimi-k3-serving-statefulset"]["urn"] in job["dependsOn"]
+    assert by_name["kimi-k3-accuracy-runtime"]["urn"] in job["dependsOn"]
+    assert by_name["kimi-k3-accuracy-results"]["urn"] in job["dependsOn"]
     assert job["customTimeouts"]["create"] == "70m"          # 60 min deadline + 10
     kinds = [(m["kind"], m["metadata"]["name"]) for m in r.manifests()]
     assert kinds.index(("StatefulSet", "kimi-k3")) < kinds.index(("Job", "kimi-k3-accuracy"))
@@ -104,10 +104,11 @@ def test_placeholder_image_is_a_refusing_gate():
     from k3infra.receipt import load_receipt
 
     base = {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": IMAGE}
-    cfg = parse_stack_config({**base, "accuracy": {"enabled": True}})
+    cfg = parse_stack_config({**base, "accuracy": {"enabled": True}}, receipt=load_receipt())
     found = [g for g in gates.deployment_gates(load_receipt(), cfg) if g.key == "k3:accuracy.image"]
     assert len(found) == 1 and found[0].refuses
-    cfg = parse_stack_config({**base, "accuracy": {"enabled": True, "image": IMAGE}})
+    cfg = parse_stack_config({**base, "accuracy": {"enabled": True, "image": IMAGE}},
+                             receipt=load_receipt())
     assert not [g for g in gates.deployment_gates(load_receipt(), cfg)
                 if g.key == "k3:accuracy.image"]
 
