@@ -160,7 +160,7 @@ class RecordedCluster:
         assert container == "vllm"
         return self._files.get((pod, path))
 
-    def benchmark_job(self):
+    def benchmark_job(self, selector=None):
         return self._job
 
     def exec_reader(self, pod_manifest, command):
