@@ -101,6 +101,7 @@ def _json(text: Optional[str]) -> Optional[dict]:
 
 def print_rows(rows, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -108,7 +109,8 @@ def print_rows(rows, console=None) -> None:
     for col in ("area", "check", "expected", "actual", ""):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r.area, r.check, r.expected, r.actual,
+        # Escaped: "[kimi-k3-0]" in a check's name is the pod, not rich markup.
+        table.add_row(*map(escape, (r.area, r.check, r.expected, r.actual)),
                       "[green]ok[/]" if r.ok else "[bold red]DRIFT[/]")
     console.print(table)
     bad = [r for r in rows if not r.ok]
