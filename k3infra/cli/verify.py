@@ -4,7 +4,8 @@ Reads the cluster through the `kubernetes` client and your kubeconfig: the servi
 StatefulSet (image, args, env, readiness), the verified marker and lock inside each
 serving pod, and the benchmark Job's latest results (fetched from its PVC through a
 short-lived reader pod, or `--results DIR` from an earlier `k3infra bench fetch`).
-Exit 0 when every check holds, 1 on any drift, 2 when the cluster cannot be read.
+Exit 0 when every check holds, 1 on any drift (a serving pod that cannot be read, such
+as a Pending one, is a weights row), 2 when the cluster cannot be read.
 """
 from __future__ import annotations
 
