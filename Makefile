@@ -3,10 +3,11 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 SCANVENV := .venv-scan
+ACCVENV := .venv-accuracy
 STACK   ?= existing
 OUT     ?= build/render/$(STACK)
 
-.PHONY: render test venv scan-venv engine e2e clean
+.PHONY: render test venv scan-venv accuracy-venv engine e2e clean
 
 $(BIN)/.installed: requirements.txt requirements-test.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,15 +19,24 @@ $(SCANVENV)/bin/.installed: requirements-scan.txt
 	$(SCANVENV)/bin/pip install -q --disable-pip-version-check -r requirements-scan.txt
 	touch $@
 
+# lm-eval for the accuracy smoke test (requirements-accuracy.txt says why it is apart).
+$(ACCVENV)/bin/.installed: requirements-accuracy.txt
+	test -x $(ACCVENV)/bin/python || $(PY) -m venv $(ACCVENV)
+	$(ACCVENV)/bin/pip install -q --disable-pip-version-check -r requirements-accuracy.txt
+	touch $@
+
 venv: $(BIN)/.installed
 
 scan-venv: $(SCANVENV)/bin/.installed
 
+accuracy-venv: $(ACCVENV)/bin/.installed
+
 render: venv
 	$(BIN)/k3infra render --stack $(STACK) --out $(OUT)
 
-test: venv scan-venv
-	K3INFRA_CHECKOV=$(abspath $(SCANVENV))/bin/checkov $(BIN)/python -m pytest
+test: venv scan-venv accuracy-venv
+	K3INFRA_CHECKOV=$(abspath $(SCANVENV))/bin/checkov \
+	K3INFRA_LM_EVAL=$(abspath $(ACCVENV))/bin/lm_eval $(BIN)/python -m pytest
 
 # The real Pulumi engine and a Kubernetes control plane, built from Go modules into a cache
 # outside the work tree (tools/engine/build.sh prints the bin dir as its last line).

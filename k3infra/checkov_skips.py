@@ -39,6 +39,14 @@ BENCH_API_KEY_ENV = Skip(
     "vllm bench serve takes the API key only from OPENAI_API_KEY (no file option); the env "
     "var comes from the serving Secret via secretKeyRef, keeping it off the command line")
 
+ACCURACY_API_KEY_ENV = Skip(
+    "CKV_K8S_35",
+    "lm-eval's local-chat-completions takes the API key only from OPENAI_API_KEY (no file "
+    "option); the env var comes from the serving Secret via secretKeyRef")
+ACCURACY_IMAGE_UID = Skip(
+    "CKV_K8S_40",
+    "the accuracy image runs as uid 1000 like the engine image (docs/accuracy.md); "
+    "non-root, no privilege escalation, capabilities dropped, read-only root fs")
 
 # checkov findings on the build Job that rootless BuildKit needs as they are (its
 # examples/kubernetes/job.rootless.yaml), put on the Job as checkov skip annotations.
@@ -56,7 +64,8 @@ BUILDKIT_SKIPS = (
 )
 
 
-ALL_SKIPS = (ENGINE_IMAGE_UID, VLLM_API_KEY_ENV, BENCH_API_KEY_ENV, *BUILDKIT_SKIPS)
+ALL_SKIPS = (ENGINE_IMAGE_UID, VLLM_API_KEY_ENV, BENCH_API_KEY_ENV, ACCURACY_API_KEY_ENV,
+             ACCURACY_IMAGE_UID, *BUILDKIT_SKIPS)
 
 
 def annotations(*skips: Skip) -> dict[str, str]:

@@ -51,7 +51,9 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
         gates.append(Gate("k3:acceptModelLicense", license_text(receipt)))
     for key, value in (("k3:weightsRevision", cfg.weights_revision),
                        ("k3:engineImage", cfg.engine_image),
-                       ("k3:serving.proxyImage", cfg.serving.proxy_image)):
+                       ("k3:serving.proxyImage", cfg.serving.proxy_image),
+                       ("k3:accuracy.image",
+                        cfg.accuracy.image if cfg.accuracy.enabled else None)):
         if is_placeholder(value):
             gates.append(Gate(key, f"{value} is a placeholder: replace it with your pinned value"))
     if cfg.profile != "measured":

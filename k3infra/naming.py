@@ -32,6 +32,7 @@ PREFETCH_COMPONENT = "weights-prefetch"
 BENCHMARK_COMPONENT = "benchmark"
 BENCHMARK_RESULTS_COMPONENT = "benchmark-results"
 BENCHMARK_READER_COMPONENT = "benchmark-reader"
+ACCURACY_COMPONENT = "accuracy-smoke"
 LABEL_MAX = 63                       # Kubernetes label values and DNS labels
 # The longest derived name is the in-cluster build's context ConfigMap,
 # `<instance>-engine-context-<10 hex>` (26 characters on top of the instance); every

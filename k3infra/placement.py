@@ -71,6 +71,15 @@ def beside(selector_labels: dict[str, str]) -> dict:
         "topologyKey": HOSTNAME_LABEL}]}
 
 
+def beside_serving(gpu_product: str, pool: str | None, serving_selector: dict) -> dict:
+    """Affinity and tolerations of a helper pod (benchmark, accuracy smoke test) that runs
+    on a serving node, beside a serving pod: the node's image and weights passed that
+    pod's gate, and no GPU is requested."""
+    return {"affinity": {"nodeAffinity": node_affinity([gpu_product], pool),
+                         "podAffinity": beside(serving_selector)},
+            "tolerations": tolerations()}
+
+
 def build_node_placement() -> dict:
     """nodeSelector + toleration that put a pod on the engine-build pool and only there
     (the taint keeps every other pod off it)."""

@@ -62,6 +62,7 @@ class K3ServingStackArgs(TypedDict, total=False):
     engine: dict
     nodePool: dict                       # cloud ids inside accept Inputs (inputs.WIREABLE)
     benchmark: dict
+    accuracy: dict                # the lm-eval smoke test Job (docs/accuracy.md)
     monitoring: dict
     network: dict
 
@@ -169,6 +170,18 @@ class K3ServingStack(pulumi.ComponentResource):
                 base=instance, namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
+                serving_selector=m.selector_labels(instance),
+                depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
+
+        # k3:accuracy.enabled: the lm-eval smoke test, once serving is ready.
+        self.accuracy = None
+        if cfg.accuracy.enabled:
+            from k3infra.accuracy.component import AccuracySmoke
+
+            self.accuracy = AccuracySmoke(
+                f"{name}-accuracy", receipt, inputs, base=instance, namespace=cfg.namespace,
+                labels=m.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
+                api_key_secret=names.api_key_secret, api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=m.selector_labels(instance),
                 depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
 

@@ -92,7 +92,6 @@ def test_tolerance_is_configurable(receipt, point):
 
 @pytest.mark.parametrize("change, what", [
     (dict(failed=1), "failed requests"),
-    (dict(concurrency=16), "concurrency"),
     (dict(concurrency=None), "concurrency"),
     (dict(input_lens=[20000, 20000, 20000]), "prompt tokens"),
     (dict(output_len=300), "output tokens"),
@@ -142,9 +141,36 @@ def test_without_save_detailed_the_means_are_checked(receipt, point):
 def test_only_unmeasured_concurrencies_compare_nothing(receipt, point):
     other = next(x for x in receipt.workload_a.concurrencies if receipt.measurement(x) is None)
     cmp = c.compare_results([_result(receipt, point, concurrency=other)], receipt)
-    assert {r.verdict(cmp.tolerance_pct) for r in cmp.rows} == {"no receipt figure"}
+    assert {r.verdict(cmp.tolerance_pct) for r in cmp.rows} == {"new evidence"}
     assert cmp.exit_status() == c.EXIT_OUTSIDE_TOLERANCE
-    assert "nothing was compared" in cmp.reasons()[0]
+    assert "nothing was compared" in cmp.reasons()[-1]
+
+
+def test_wide_sweep_points_are_new_evidence_beside_the_judged_point(receipt, point):
+    wide = receipt.workload_a.wide_sweep
+    assert (wide.concurrencies, wide.output_tokens_max) == ([32, 128], 2048)
+    lat = receipt_latencies_ms(point.p50_ms, point.p99_ms)
+    files = [_result(receipt, point)]
+    for conc in (32, 128):      # 2048-token outputs, many more requests than the grid's 3
+        files.append(parse_result(result_dict(lat * 4, concurrency=conc, output_len=2048,
+                                               metadata=META, input_lens=[MID_PROMPT] * 12),
+                                  f"run1-c{conc}-measured.json"))
+    cmp = c.compare_results(files, receipt)
+    assert cmp.mismatches == []
+    assert cmp.exit_status() == c.EXIT_PASS
+    verdicts = {(r.concurrency, r.stat): r.verdict(cmp.tolerance_pct) for r in cmp.rows}
+    assert verdicts == {(8, "p50"): "pass", (8, "p99"): "pass",
+                        (32, "p50"): "new evidence", (32, "p99"): "new evidence",
+                        (128, "p50"): "new evidence", (128, "p99"): "new evidence"}
+    assert any("new evidence" in r and "32, 128" in r for r in cmp.reasons())
+
+
+def test_wide_sweep_output_above_its_cap_is_a_mismatch(receipt, point):
+    lat = receipt_latencies_ms(point.p50_ms, point.p99_ms)
+    r = parse_result(result_dict(lat, concurrency=32, output_len=2100, metadata=META,
+                                 input_lens=[MID_PROMPT] * 3), "c32.json")
+    cmp = c.compare_results([r], receipt)
+    assert [m.what for m in cmp.mismatches] == ["output tokens (EOS ignored)"]
 
 
 # --- malformed files ---------------------------------------------------------------------

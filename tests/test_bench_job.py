@@ -212,3 +212,22 @@ def test_checkov_finds_nothing_on_the_benchmark_objects(tmp_path):
     assert sorted(c["check_id"] for c in report["results"]["skipped_checks"]) == [
         "CKV_K8S_35", "CKV_K8S_40"]
     assert report["summary"]["passed"] > 0
+
+
+def test_wide_sweep_is_a_named_option(receipt):
+    r = render("existing", PIN, ON, "benchmark.sweep=wide")
+    cmd = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert _arg(cmd, "--concurrencies") == "32,128"       # receipt workload_a.wide_sweep
+    assert _arg(cmd, "--output-tokens") == "2048"
+    assert _arg(cmd, "--measured") == "256"               # two waves of 128
+    r = render("existing", PIN, ON, "benchmark.sweep=wide", "benchmark.measuredRequests=512")
+    cmd = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert _arg(cmd, "--measured") == "512"
+
+
+def test_unknown_sweep_names_the_key(tmp_path, capsys):
+    rc = main(["render", "--stack", "existing", "--config", PIN, "--config", ON,
+               "--config", "benchmark.sweep=huge", "--out", str(tmp_path)])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert "k3:benchmark.sweep" in err and "'huge'" in err and "wide" in err

@@ -38,10 +38,13 @@ FAKE_VLLM = textwrap.dedent('''\
     if argv == ["bench", "serve", "--help"]:
         print("usage: vllm bench serve " + " ".join(os.environ["FAKE_HELP_FLAGS"].split(",")))
         sys.exit(0)
-    with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
-        log.write(json.dumps({{"argv": argv, "api_key": os.environ.get("OPENAI_API_KEY")}}) + "\\n")
     def arg(flag):
         return argv[argv.index(flag) + 1]
+    sums = os.path.join(arg("--result-dir"), "SHA256SUMS")
+    with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
+        log.write(json.dumps({{"argv": argv, "api_key": os.environ.get("OPENAI_API_KEY"),
+                              "sums_before": open(sums).read() if os.path.exists(sums) else ""}})
+                  + "\\n")
     meta = dict(kv.split("=", 1) for kv in argv[argv.index("--metadata") + 1:])
     prompts = [json.loads(l)["prompt"] for l in open(arg("--dataset-path"))]
     count, _ = load_token_counter(os.environ["FAKE_TOKENIZER"])
@@ -181,6 +184,17 @@ def test_a_complete_run_keeps_every_file_with_its_hash(tmp_path, server, fake_vl
     prompts = [json.loads(line)["prompt"] for p in sorted((run / "prompts").glob("*.jsonl"))
                for line in p.read_text().splitlines()]
     assert len(set(prompts)) == len(prompts)
+
+
+def test_each_invocations_raw_file_is_hashed_before_the_next_starts(tmp_path, server,
+                                                                  fake_vllm, receipt):
+    assert pr.main(_argv(receipt, server, tmp_path / "results")) == 0
+    calls = _calls(fake_vllm)
+    assert len(calls) > 1
+    for i, call in enumerate(calls[1:], 1):
+        earlier = [c["argv"][c["argv"].index("--result-filename") + 1] for c in calls[:i]]
+        listed = {line.split("  ", 1)[1] for line in call["sums_before"].splitlines()}
+        assert set(earlier) <= listed, (i, earlier, listed)
 
 
 def test_failed_requests_fail_the_run_and_keep_the_evidence(tmp_path, server, fake_vllm,

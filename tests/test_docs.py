@@ -42,6 +42,7 @@ def test_readme_carries_every_not_measured_item(receipt):
 
 # Sections whose keys are tabled in their concern's doc (configuration.md links there).
 SECTION_DOCS = {"engine": "engine.md", "nodePool": "clouds.md", "benchmark": "benchmark.md",
+                "accuracy": "accuracy.md",
                 "monitoring": "operations.md", "network": "operations.md"}
 
 

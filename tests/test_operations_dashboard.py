@@ -107,3 +107,31 @@ def test_regenerate_command_writes_the_committed_file(tmp_path, receipt):
     assert d.main([str(out)]) == 0
     assert out.read_text() == FILE.read_text()
     assert d.main([]) == 2
+
+
+def test_cost_panel_only_with_a_configured_node_rate(receipt):
+    import promql_parser
+
+    titles = [p["title"] for p in d.dashboard(receipt)["panels"]]
+    assert "USD per million generated tokens" not in titles           # no rate, no panel
+    r = render("existing", PIN, 'monitoring={"dashboard": true, "nodeRateUsdPerHour": 90}')
+    board = json.loads(manifest(r, "ConfigMap", "kimi-k3-dashboard")["data"][d.FILE_NAME])
+    p = panel(board, "USD per million generated tokens")
+    (target,) = p["targets"]
+    # 90 USD/h = 0.025 USD/s; x 1e6 over the node's generated tokens per second
+    assert target["expr"] == ('0.025 * 1e6 / (sum by (pod) (rate(vllm:generation_tokens_total'
+                              '{namespace="$namespace", pod=~"$pod"}[$__rate_interval])) > 0)')
+    promql_parser.parse(target["expr"].replace("$__rate_interval", "5m"))
+    assert p["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
+    assert "90 USD per node-hour" in p["description"]
+    # the committed JSON (no rate) is unchanged by the option
+    assert json.loads(FILE.read_text()) == d.dashboard(receipt)
+
+
+def test_node_rate_must_be_positive(tmp_path, capsys):
+    from k3infra.cli import main
+
+    rc = main(["render", "--stack", "existing", "--config", PIN, "--config",
+               'monitoring={"nodeRateUsdPerHour": 0}', "--out", str(tmp_path)])
+    assert rc != 0
+    assert "k3:monitoring.nodeRateUsdPerHour" in capsys.readouterr().err

@@ -160,7 +160,7 @@ class RecordedCluster:
         assert container == "vllm"
         return self._files.get((pod, path))
 
-    def benchmark_job(self):
+    def benchmark_job(self, selector=None):
         return self._job
 
     def exec_reader(self, pod_manifest, command):
@@ -261,3 +261,19 @@ def test_a_refused_exec_shows_the_servers_message():
                                         "{'audit-id': 'x'} -+-+- " + body)
     assert _api_message(exc) == "400 pod kimi-k3-0 does not have a host assigned"
     assert _api_message(ApiException(status=403, reason="Forbidden")) == "403 Forbidden"
+
+
+def test_the_table_names_the_pod_of_a_weights_row():
+    """Found in the real server's run: rich read "[kimi-k3-0]" as markup and dropped it."""
+    import io
+
+    from rich.console import Console
+
+    from k3infra.cli.verify import print_rows
+
+    out = io.StringIO()
+    print_rows([drift.DriftRow("weights", "verified marker [kimi-k3-0]", "present",
+                               "cannot read: [x]", False)],
+               Console(file=out, width=200, color_system=None))
+    assert "verified marker [kimi-k3-0]" in out.getvalue()
+    assert "cannot read: [x]" in out.getvalue()

@@ -7,6 +7,11 @@ Two questions, in this order:
    output above the cap (exactly the cap when the Job ignored EOS), and p50/p99 e2el
    that agree with the file's own per-request `latencies`. A file that fails any of
    these is not comparable: its latencies are shown but never judged.
+   A file at a concurrency the receipt did not measure (the wider sweep, concurrency 1)
+   is new evidence: the grid checks (concurrency, request count) do not apply; the
+   output cap is the receipt's, or at the wide sweep's concurrencies the sweep's when
+   outputs pass the receipt's; the integrity checks apply; its latencies are shown,
+   never judged.
 2. Are p50 and p99 end-to-end latency within tolerance of the receipt at the same
    concurrency? Two-sided: a run far *faster* than the receipt is as suspect as a slow
    one (prefix-cache hits, short outputs) and fails the same way.
@@ -56,7 +61,7 @@ class LatencyRow:
         if not self.comparable:
             return "not comparable"
         if self.receipt_ms is None:
-            return "no receipt figure"
+            return "new evidence"
         return "pass" if abs(self.delta_pct()) <= tolerance_pct else "FAIL"
 
 
@@ -95,6 +100,11 @@ class Comparison:
             out.append(f"{r.source}: c={r.concurrency} {r.stat} e2el {r.measured_ms:.0f} ms "
                        f"is {abs(d):.1f} % {side} the receipt's {r.receipt_ms:.0f} ms "
                        f"(tolerance +-{self.tolerance_pct:g} %)")
+        new = sorted({r.concurrency for r in self.rows
+                      if r.verdict(self.tolerance_pct) == "new evidence"})
+        if new:
+            out.append("new evidence (no receipt figure, shown, not judged): concurrency "
+                       + ", ".join(str(c) for c in new))
         if not self.mismatches and not self.judged:
             out.append("no result at a concurrency the receipt measured ("
                        + ", ".join(str(c) for c in sorted(
@@ -108,20 +118,27 @@ def _check(out: list[Check], r: BenchResult, what: str, expected: str, actual: s
     out.append(Check(r.source, what, expected, actual, ok))
 
 
+def _is_new_evidence(r: BenchResult, receipt: Receipt) -> bool:
+    return r.max_concurrency is not None and receipt.measurement(r.max_concurrency) is None
+
+
 def workload_checks(r: BenchResult, receipt: Receipt) -> list[Check]:
     w = receipt.workload_a
     out: list[Check] = []
+    new = _is_new_evidence(r, receipt)
+    wide = w.wide_sweep
     if r.metadata.get("k3_workload") is not None:
         _check(out, r, "workload", WORKLOAD_ID, r.metadata["k3_workload"],
                r.metadata["k3_workload"] == WORKLOAD_ID)
     if r.role is not None:
         _check(out, r, "role", "measured", r.role, r.role == "measured")
     _check(out, r, "failed requests", "0", str(r.failed), r.failed == 0)
-    _check(out, r, "measured requests", str(w.measured_requests),
-           f"{r.completed} completed of {r.num_prompts}",
-           r.completed == r.num_prompts == w.measured_requests)
-    _check(out, r, "concurrency", f"one of {w.concurrencies}", str(r.max_concurrency),
-           r.max_concurrency in w.concurrencies)
+    if not new:
+        _check(out, r, "measured requests", str(w.measured_requests),
+               f"{r.completed} completed of {r.num_prompts}",
+               r.completed == r.num_prompts == w.measured_requests)
+        _check(out, r, "concurrency", f"one of {w.concurrencies}", str(r.max_concurrency),
+               r.max_concurrency in w.concurrencies)
 
     lo, hi = w.prompt_tokens_min, w.prompt_tokens_max
     if r.input_lens is not None and r.input_lens:
@@ -134,6 +151,9 @@ def workload_checks(r: BenchResult, receipt: Receipt) -> list[Check]:
                f"{lo}..{hi}", f"{mean:.0f}", lo <= mean <= hi)
 
     cap = w.output_tokens_max
+    if (new and wide is not None and r.max_concurrency in wide.concurrencies
+            and r.output_lens and max(r.output_lens) > cap):
+        cap = wide.output_tokens_max     # the wide sweep's outputs; the grid's cap otherwise
     ignore_eos = r.metadata.get("k3_ignore_eos", "").lower() == "true"
     if r.output_lens is not None and r.output_lens:
         if ignore_eos:

@@ -83,14 +83,17 @@ def measured_results(run_dir: Path) -> list[Path]:
 
 
 def fetch_results(cluster: Any, namespace: str, out: Path, image: Optional[str] = None,
-                  run_id: str = "") -> Path:
+                  run_id: str = "", job_selector: Optional[str] = None,
+                  enabled_by: str = "k3:benchmark.enabled") -> Path:
     """Copy the latest complete run (or `run_id`) from the results PVC into out/<run id>;
     returns that directory after checking every file against the run's SHA256SUMS.
-    `cluster`: a k3infra.live.cluster.KubeCluster (benchmark_job, exec_reader)."""
-    job = cluster.benchmark_job()
+    `cluster`: a k3infra.live.cluster.KubeCluster (benchmark_job, exec_reader). The Job
+    found by `job_selector` (default: the benchmark's) names the claim; the AccuracySmoke
+    Job keeps its runs the same way (/results/<run id>, LATEST)."""
+    job = cluster.benchmark_job() if job_selector is None else cluster.benchmark_job(job_selector)
     if job is None:
-        raise FetchError(f"no benchmark Job ({b.COMPONENT}) in namespace {namespace}: "
-                           "enable k3:benchmark.enabled and run pulumi up")
+        raise FetchError(f"no Job ({job_selector or b.COMPONENT}) in namespace {namespace}: "
+                         f"enable {enabled_by} and run pulumi up")
     pod_spec = job["spec"]["template"]["spec"]
     claim = (job["metadata"].get("annotations") or {}).get("k3infra.dev/results-claim")
     if not claim:

@@ -57,10 +57,30 @@ class BenchmarkNames:
         return f"{self.base}-bench"
 
 
+# The wide sweep's measured requests per point when k3:benchmark.measuredRequests is
+# unset: two full waves at its largest concurrency, so every point runs at its nominal
+# concurrency (the receipt does not say how many the lost sweep sent).
+WIDE_SWEEP_WAVES = 2
+
+
+def sweep(receipt: Receipt, cfg: StackConfig) -> tuple[list[int], int]:
+    """Concurrencies and the output cap the Job runs: the configured grid, or the
+    receipt's wider sweep (k3:benchmark.sweep: wide)."""
+    w = receipt.workload_a
+    if cfg.benchmark.sweep == "wide":
+        if w.wide_sweep is None:
+            raise ValueError(f"receipt {receipt.id} records no wide sweep")
+        return list(w.wide_sweep.concurrencies), w.wide_sweep.output_tokens_max
+    return list(cfg.benchmark.concurrencies), w.output_tokens_max
+
+
 def grid(receipt: Receipt, cfg: StackConfig) -> dict[str, int]:
     w = receipt.workload_a
+    default = w.measured_requests
+    if cfg.benchmark.sweep == "wide":
+        default = WIDE_SWEEP_WAVES * max(sweep(receipt, cfg)[0])
     return {"warmups": w.warmup_requests,
-            "measured": cfg.benchmark.measured_requests or w.measured_requests}
+            "measured": cfg.benchmark.measured_requests or default}
 
 
 def block_size(receipt: Receipt) -> int:
@@ -94,13 +114,14 @@ def results_pvc(names: BenchmarkNames, namespace: str, labels: dict, cfg: StackC
 def runner_args(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: str) -> list[str]:
     w = receipt.workload_a
     g = grid(receipt, cfg)
+    concurrencies, output_tokens = sweep(receipt, cfg)
     args = ["--base-url", base_url, "--served-model-name", cfg.served_model_name,
             "--model-dir", model_dir, "--results", RESULTS_DIR, "--receipt", receipt.id,
-            "--concurrencies", ",".join(str(c) for c in cfg.benchmark.concurrencies),
+            "--concurrencies", ",".join(str(c) for c in concurrencies),
             "--runs", str(cfg.benchmark.runs), "--warmups", str(g["warmups"]),
             "--measured", str(g["measured"]),
             "--min-tokens", str(w.prompt_tokens_min), "--max-tokens", str(w.prompt_tokens_max),
-            "--output-tokens", str(w.output_tokens_max), "--block-size", str(block_size(receipt)),
+            "--output-tokens", str(output_tokens), "--block-size", str(block_size(receipt)),
             "--seed", str(cfg.benchmark.seed), "--health-timeout", str(HEALTH_WAIT_SECONDS)]
     if cfg.benchmark.ignore_eos:
         args.append("--ignore-eos")
@@ -116,10 +137,8 @@ def job_timeout_seconds(cfg: StackConfig) -> int:
 def _gpu_node_placement(cfg: StackConfig, serving_selector: dict, instance: str) -> dict:
     """On a serving node of this instance's pool, beside a serving pod: its weights
     passed that pod's gate."""
-    return {"affinity": {"nodeAffinity": placement.node_affinity(
-                [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
-                         "podAffinity": placement.beside(serving_selector)},
-            "tolerations": placement.tolerations()}
+    return placement.beside_serving(
+        cfg.gpu_product, placement.pool_of(cfg.node_pool.provider, instance), serving_selector)
 
 
 def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,

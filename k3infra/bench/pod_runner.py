@@ -277,6 +277,9 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 problems.append(problem)
                 log(problem)
+            # Each invocation's raw files are hashed as soon as they exist: a Job cut
+            # short by its deadline mid-sweep still leaves checkable evidence.
+            write_evidence(run_dir, index)
     except (BenchmarkError, wl.WorkloadError) as exc:
         problems.append(str(exc))
         log(str(exc))

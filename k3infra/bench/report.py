@@ -10,7 +10,7 @@ from k3infra.bench.results import BenchResult
 from k3infra.receipt import Receipt
 
 _STYLE = {"pass": "green", "FAIL": "bold red", "not comparable": "yellow",
-          "no receipt figure": "dim"}
+          "new evidence": "cyan"}
 
 
 def _short(source: str) -> str:
@@ -108,6 +108,60 @@ def plot_latencies(results: Sequence[BenchResult], receipt: Receipt, tolerance_p
     ax.set_title(f"per-request e2e latency vs receipt {receipt.id}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def print_cost(rows, node_rate: float, nodes: int, console=None) -> None:
+    """The cost table and the formula it used (k3infra.bench.cost)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from k3infra.bench.cost import FORMULA
+
+    console = console or Console()
+    table = Table(title=f"cost at {node_rate:g} USD per node-hour x {nodes} node(s)")
+    for col in ("c", "files", "duration s", "output tok/s", "total tok/s",
+                "USD / 1M output", "USD / 1M total"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r.concurrency), str(r.files), f"{r.duration_s:.2f}",
+                      f"{r.output_tokens_per_s:.2f}", f"{r.total_tokens_per_s:.2f}",
+                      f"{r.usd_per_m_output:.4f}", f"{r.usd_per_m_total:.4f}")
+    console.print(table)
+    console.print(f"formula: {FORMULA}", highlight=False, soft_wrap=True)
+
+
+def plot_cost(rows, node_rate: float, nodes: int, out: Path) -> Path:
+    """USD per million output and total tokens against concurrency (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    cs = [r.concurrency for r in rows]
+    for values, name, color in (([r.usd_per_m_output for r in rows], "per 1M output tokens",
+                                 "tab:red"),
+                                ([r.usd_per_m_total for r in rows], "per 1M tokens (input + output)",
+                                 "tab:blue")):
+        ax.plot(cs, values, marker="o", color=color, label=name)
+        for c, v in zip(cs, values):
+            ax.annotate(f"${v:,.2f}", (c, v), textcoords="offset points", xytext=(4, 6),
+                        fontsize=8, color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(cs)
+    ax.set_xticklabels([str(c) for c in cs])
+    ax.margins(x=0.12)
+    ax.set_xlabel("concurrency (max in-flight requests)")
+    ax.set_ylabel("USD per million tokens")
+    ax.set_title(f"cost at {node_rate:g} USD/node-hour x {nodes} node(s), measured throughput")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -16,6 +16,7 @@ COMMANDS = {
     "weights": ("k3infra.cli.weights", "weights lock / verify / prefetch"),
     "policy": ("k3infra.cli.policy", "run the policy pack over a render"),
     "bench": ("k3infra.cli.bench", "compare benchmark results with the receipt"),
+    "accuracy": ("k3infra.cli.accuracy", "accuracy smoke test with lm-eval (run, compare, fetch)"),
     "verify": ("k3infra.cli.verify", "check a live deployment against the receipt"),
     "engine": ("k3infra.cli.engine", "engine image: build args and plan from the receipt"),
 }

@@ -59,6 +59,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     pr.add_argument("--concurrencies", help="comma-separated (default: the receipt's)")
     pr.set_defaults(func=_prompts)
 
+    co = sub.add_parser("cost", help="USD per million tokens at each measured concurrency")
+    co.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
+    co.add_argument("--node-rate", required=True, type=float, metavar="USD_PER_HOUR",
+                    help="what one 8-GPU serving node costs per hour")
+    co.add_argument("--nodes", type=int, default=1,
+                    help="serving nodes behind the endpoint the results measured (default 1)")
+    co.add_argument("--plot", type=Path, metavar="FILE.png",
+                    help="draw USD per million tokens against concurrency")
+    co.set_defaults(func=_cost)
+
     fe = sub.add_parser("fetch", help="copy the benchmark Job's raw results from the cluster")
     fe.add_argument("--out", required=True, type=Path)
     fe.add_argument("--namespace", default="k3")
@@ -103,6 +113,27 @@ def _compare(args: argparse.Namespace) -> int:
         plot_latencies(results, receipt, cmp.tolerance_pct, args.plot)
         print(f"plot: {args.plot}")
     return cmp.exit_status()
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from k3infra.bench.cost import cost_rows
+    from k3infra.bench.report import plot_cost, print_cost
+
+    if not args.node_rate > 0:
+        raise UsageError(f"--node-rate {args.node_rate}: must be a positive USD per hour")
+    if args.nodes < 1:
+        raise UsageError(f"--nodes {args.nodes}: must be >= 1")
+    try:
+        rows = cost_rows(_load(args.results), args.node_rate, args.nodes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not rows:
+        raise UsageError("no measured result with a concurrency among the files: nothing to price")
+    print_cost(rows, args.node_rate, args.nodes)
+    if args.plot:
+        plot_cost(rows, args.node_rate, args.nodes, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
 
 
 def _receipt(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@ Reads the cluster through the `kubernetes` client and your kubeconfig: the servi
 StatefulSet (image, args, env, readiness), the verified marker and lock inside each
 serving pod, and the benchmark Job's latest results (fetched from its PVC through a
 short-lived reader pod, or `--results DIR` from an earlier `k3infra bench fetch`).
-Exit 0 when every check holds, 1 on any drift, 2 when the cluster cannot be read.
+Exit 0 when every check holds, 1 on any drift (a serving pod that cannot be read, such
+as a Pending one, is a weights row), 2 when the cluster cannot be read.
 """
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ def _json(text: Optional[str]) -> Optional[dict]:
 
 def print_rows(rows, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -115,7 +117,8 @@ def print_rows(rows, console=None) -> None:
     for col in ("area", "check", "expected", "actual", ""):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r.area, r.check, r.expected, r.actual,
+        # Escaped: "[kimi-k3-0]" in a check's name is the pod, not rich markup.
+        table.add_row(*map(escape, (r.area, r.check, r.expected, r.actual)),
                       "[green]ok[/]" if r.ok else "[bold red]DRIFT[/]")
     console.print(table)
     bad = [r for r in rows if not r.ok]

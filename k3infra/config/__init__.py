@@ -37,6 +37,8 @@ from k3infra.config.pools import (
     NodePoolConfig)
 from k3infra.config.models import (
     SurfaceConfig,
+    AccuracyConfig,
+    ACCURACY_IMAGE,
     CustomConfig,
     ServingConfig,
     WeightsConfig,

@@ -12,6 +12,10 @@ from k3infra.config.base import (COMMIT_RE, DIGEST_IMAGE_RE, DNS_LABEL_RE,
                                  _Section, _check_labels, _check_dns_labels)
 from k3infra.config.pools import NodePoolConfig
 
+# The accuracy smoke test's image (k3:accuracy.image): yours, built with lm-eval and the
+# task datasets; the all-zero digest is a placeholder `pulumi up` refuses.
+ACCURACY_IMAGE = "k3infra-accuracy:lm-eval-0.4.13@sha256:" + "0" * 64
+
 
 class SurfaceConfig(_Section):
     """Serving-surface settings from the receipt's allow-list (k3:surface)."""
@@ -301,6 +305,9 @@ class BenchmarkConfig(_Section):
     results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
     # The Job's deadline and how long `pulumi up` waits for it.
     timeout_minutes: int = Field(default=90, ge=10, le=1440, alias="timeoutMinutes")
+    # "wide": the receipt's wider sweep (workload_a.wide_sweep: concurrency 32 and 128,
+    # 2048-token outputs) instead of `concurrencies`; reported as new evidence.
+    sweep: Optional[Literal["wide"]] = None
 
     @field_validator("concurrencies")
     @classmethod
@@ -309,6 +316,45 @@ class BenchmarkConfig(_Section):
             return v
         if not v or any(c < 1 for c in v) or len(set(v)) != len(v):
             raise ValueError("must be a non-empty list of distinct integers >= 1")
+        return v
+
+
+class AccuracyConfig(_Section):
+    """The optional AccuracySmoke Job (k3:accuracy): lm-eval against the endpoint, a
+    smoke test (k3infra/accuracy, docs/accuracy.md)."""
+
+    enabled: bool = False
+    # An image with lm-eval (requirements-accuracy.txt) and the tasks' datasets in its
+    # HF cache (the Job runs offline), by digest. The shipped value is an all-zero
+    # placeholder: renders work, `pulumi up` refuses it (docs/accuracy.md).
+    image: str = ACCURACY_IMAGE
+    tasks: list[str] = Field(default_factory=lambda: ["k3_smoke_gsm8k", "k3_smoke_arc"],
+                             min_length=1)
+    limit: int = Field(default=100, ge=1, le=10000)      # items per task: the first N
+    max_tokens: int = Field(default=1024, ge=16, le=32768, alias="maxTokens")
+    seed: int = Field(default=0, ge=0)
+    concurrency: int = Field(default=8, ge=1, le=256)
+    timeout_minutes: int = Field(default=60, ge=5, le=1440, alias="timeoutMinutes")
+    results_size_gi: int = Field(default=1, ge=1, alias="resultsSizeGi")
+    results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
+
+    @field_validator("tasks")
+    @classmethod
+    def _shipped(cls, v: list[str]) -> list[str]:
+        from importlib import resources
+
+        shipped = sorted(p.name[:-5] for p in resources.files("k3infra.accuracy").joinpath(
+            "tasks").iterdir() if p.name.endswith(".yaml"))
+        unknown = [t for t in v if t not in shipped]
+        if unknown or len(set(v)) != len(v):
+            raise ValueError(f"must be distinct task names from {shipped}")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        if not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>@sha256:<64 hex>")
         return v
 
 
@@ -336,6 +382,10 @@ class MonitoringConfig(_Section):
     # Where the dashboard ConfigMap goes (Grafana's sidecar watches its own namespace
     # unless told otherwise); unset: the stack's namespace.
     dashboard_namespace: Optional[str] = Field(default=None, alias="dashboardNamespace")
+    # What one serving node costs per hour: adds a USD-per-million-generated-tokens
+    # panel to the dashboard. Unset: no panel (no invented number).
+    node_rate_usd_per_hour: Optional[float] = Field(default=None, gt=0,
+                                                    alias="nodeRateUsdPerHour")
     # dcgm-exporter series scraped without honorLabels carry the GPU's pod as
     # exported_pod / exported_namespace; set true for such a scrape.
     dcgm_exported_labels: bool = Field(default=False, alias="dcgmExportedLabels")
@@ -488,6 +538,7 @@ class StackConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     node_pool: NodePoolConfig = Field(default_factory=NodePoolConfig, alias="nodePool")
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig)
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     host: Optional[HostConfig] = None

@@ -102,9 +102,9 @@ class KubeCluster:
             raise ClusterError(f"reading {path} in pod {pod} failed (exit {code})")
         return out
 
-    def benchmark_job(self) -> Optional[dict]:
+    def benchmark_job(self, selector: str = JOB_SELECTOR) -> Optional[dict]:
         items = self._call("listing Jobs", self.batch.list_namespaced_job, self.namespace,
-                           label_selector=JOB_SELECTOR).items
+                           label_selector=selector).items
         return self._plain(items[0]) if items else None
 
     def exec_reader(self, pod_manifest: dict, command: list[str]) -> str:

@@ -152,7 +152,7 @@ def benchmark_drift(cmp: Optional["Comparison"], why_missing: str = "") -> list[
         _row(out, area, f"{c.what} ({c.source.rsplit('/', 1)[-1]})", c.expected, c.actual, False)
     for r in cmp.rows:
         verdict = r.verdict(cmp.tolerance_pct)
-        if verdict == "no receipt figure":
+        if verdict == "new evidence":
             continue
         delta = r.delta_pct()
         _row(out, area, f"c={r.concurrency} {r.stat} e2el ({r.source.rsplit('/', 1)[-1]})",

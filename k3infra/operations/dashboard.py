@@ -76,7 +76,19 @@ def reference_legends(receipt: Receipt) -> dict[str, str]:
     return {"p50": f"receipt p50 ({where})", "p99": f"receipt p99 ({where})"}
 
 
-def dashboard(receipt: Receipt) -> dict:
+def cost_panel(gen: str, node_rate_usd_per_hour: float) -> dict:
+    """Live USD per million generated tokens per serving pod (= per node): the node rate
+    per second over the pod's generation rate. Idle pods show no value, not infinity."""
+    per_second = node_rate_usd_per_hour / 3600
+    return _panel("USD per million generated tokens",
+                  [(f"{per_second!r} * 1e6 / (sum by (pod) (rate({gen}{SEL}{RATE})) > 0)",
+                    "{{pod}}")], "currencyUSD",
+                  f"k3:monitoring.nodeRateUsdPerHour = {node_rate_usd_per_hour:g} USD per node-hour "
+                  "/ 3600 / generated tokens per second of the node x 1e6. Output tokens only; "
+                  "`k3infra bench cost` gives the same figure from benchmark results.")
+
+
+def dashboard(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) -> dict:
     ref = reference_latency(receipt)
     legends = reference_legends(receipt)
     gpus = receipt.measured_gpu.gpus_per_node
@@ -125,6 +137,8 @@ def dashboard(receipt: Receipt) -> dict:
                  "{{pod}}")], "short",
                "Requests evicted for lack of KV cache and recomputed later."),
     ]
+    if node_rate_usd_per_hour is not None:      # no configured rate: no panel, no made-up figure
+        panels.append(cost_panel(gen, node_rate_usd_per_hour))
     for i, panel in enumerate(panels):
         panel["id"] = i + 1
         panel["gridPos"] = {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)}
@@ -162,8 +176,8 @@ def dashboard(receipt: Receipt) -> dict:
     }
 
 
-def dashboard_json(receipt: Receipt) -> str:
-    return json.dumps(dashboard(receipt), indent=2) + "\n"
+def dashboard_json(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) -> str:
+    return json.dumps(dashboard(receipt, node_rate_usd_per_hour), indent=2) + "\n"
 
 
 def dashboard_configmap(receipt: Receipt, cfg: StackConfig, names: m.ServingNames,
@@ -172,7 +186,7 @@ def dashboard_configmap(receipt: Receipt, cfg: StackConfig, names: m.ServingName
             "metadata": {"name": f"{names.base}-dashboard",
                          "namespace": cfg.monitoring.dashboard_namespace or names.namespace,
                          "labels": {**m.labels(instance, "dashboard"), **SIDECAR_LABEL}},
-            "data": {FILE_NAME: dashboard_json(receipt)}}
+            "data": {FILE_NAME: dashboard_json(receipt, cfg.monitoring.node_rate_usd_per_hour)}}
 
 
 def main(argv: list[str]) -> int:

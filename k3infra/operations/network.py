@@ -20,7 +20,8 @@ metadata service, in-cluster services and the node network are never "the Hub").
 Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
 the serving pods' API port (its tokenizer comes from the weights directory, offline);
 the reader pod `k3infra bench fetch` starts streams through the exec API and needs no
-network at all.
+network at all. The AccuracySmoke Job (k3:accuracy.enabled) is held the same way: DNS
+and the serving API port only (its datasets come from its image, offline).
 
 Kubelet probes and `kubectl port-forward` reach the pod from its own node and are not
 subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-native).
@@ -28,7 +29,8 @@ subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-n
 from __future__ import annotations
 
 from k3infra.config import StackConfig
-from k3infra.naming import BENCHMARK_COMPONENT, BENCHMARK_READER_COMPONENT, PREFETCH_COMPONENT
+from k3infra.naming import (ACCURACY_COMPONENT, BENCHMARK_COMPONENT,
+                            BENCHMARK_READER_COMPONENT, PREFETCH_COMPONENT)
 from k3infra.netpol import default_deny, dns_egress, internet_peers
 from k3infra.netpol import namespace_peer as _namespace_peer
 from k3infra.serving import manifests as m
@@ -37,7 +39,8 @@ from k3infra.serving import manifests as m
 def policy_names(base: str) -> dict[str, str]:
     return {"default-deny": f"{base}-default-deny", "serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}",
             "benchmark": f"{base}-{BENCHMARK_COMPONENT}",
-            "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}"}
+            "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}",
+            "accuracy": f"{base}-{ACCURACY_COMPONENT}"}
 
 
 def component_selector(instance: str, component: str) -> dict:
@@ -56,6 +59,8 @@ def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
         peers.append({"podSelector": {"matchLabels": dict(net.allow_from_pod_labels)}})
     if cfg.benchmark.enabled:
         peers.append({"podSelector": component_selector(instance, BENCHMARK_COMPONENT)})
+    if cfg.accuracy.enabled:
+        peers.append({"podSelector": component_selector(instance, ACCURACY_COMPONENT)})
     return peers
 
 
@@ -119,4 +124,14 @@ def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> 
            serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
     if cfg.benchmark.enabled:
         out += benchmark_policies(cfg, names, instance)
+    if cfg.accuracy.enabled:
+        out.append(accuracy_policy(cfg, names, instance))
     return out
+
+
+def accuracy_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+    """The AccuracySmoke Job: no ingress; DNS and the serving API port only."""
+    to_serving = {"to": [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+                  "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}
+    return _policy(policy_names(names.base)["accuracy"], names, instance,
+                   component_selector(instance, ACCURACY_COMPONENT), [dns_egress(cfg), to_serving])

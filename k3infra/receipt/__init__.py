@@ -128,6 +128,13 @@ class Residency(_Strict):
     weights_gib_per_gpu: float = Field(gt=0)
 
 
+class WideSweep(_Strict):
+    """The sweep that ran past the published grid (its raw files were lost)."""
+
+    concurrencies: list[int] = Field(min_length=1)
+    output_tokens_max: int = Field(gt=0)
+
+
 class WorkloadA(_Strict):
     description: str
     prompt_tokens_min: int = Field(gt=0)
@@ -138,6 +145,7 @@ class WorkloadA(_Strict):
     measured_requests: int = Field(gt=0)
     runs_agreement_pct: float
     throughput_unit: str
+    wide_sweep: Optional[WideSweep] = None
 
     @model_validator(mode="after")
     def _range(self) -> "WorkloadA":
@@ -160,6 +168,32 @@ class Evidence(_Strict):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     concurrency: Optional[int] = Field(default=None, gt=0)
     role: Literal["warmup", "measured"] = "measured"
+
+
+class AccuracyScore(_Strict):
+    task: str
+    metric: str
+    score: float = Field(ge=0, le=1)
+    samples: int = Field(gt=0)
+
+
+class AccuracyFile(_Strict):
+    file: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class AccuracyBaseline(_Strict):
+    """The first accepted accuracy smoke test (`k3infra accuracy compare --accept`):
+    a smoke test of the endpoint, not a benchmark claim about the model."""
+
+    label: Literal["smoke test"]
+    run_id: str
+    harness: str                       # e.g. lm-eval 0.4.13
+    task_config: dict
+    scores: list[AccuracyScore] = Field(min_length=1)
+    files: list[AccuracyFile] = Field(min_length=1)
+    engine: dict
+    weights: dict
 
 
 class GpuSpec(_Strict):
@@ -195,6 +229,7 @@ class Receipt(_Strict):
     workload_a: WorkloadA
     measured: list[Measurement]
     evidence: list[Evidence] = Field(default_factory=list)
+    accuracy: Optional[AccuracyBaseline] = None
     not_measured: list[str] = Field(min_length=1)
     gpus: dict[str, GpuSpec]
     license: License

@@ -118,6 +118,21 @@ def test_up_in_render_mode_writes_what_the_offline_render_shows(pulumi, tmp_path
         print(f"\nDIFFERS {key}\n  up:     {json.dumps(written[key])[:1500]}\n  render: {json.dumps(offline[key])[:1500]}")
     assert not differing
 
+    # The ordering is in the state, on the children themselves (not only on components):
+    # the serving StatefulSet waits for the verified weights, the Job for its volume.
+    state = pulumi.state_resources()
+    by_type = {}
+    for r in state:
+        by_type.setdefault(r["type"], []).append(r)
+    (sts,) = by_type["kubernetes:apps/v1:StatefulSet"]
+    jobs = {r["urn"].rsplit("::", 1)[1]: r for r in by_type["kubernetes:batch/v1:Job"]}
+    weights_job = next(r for name, r in jobs.items() if name.endswith("weights-job"))
+    (pvc,) = [r for r in by_type["kubernetes:core/v1:PersistentVolumeClaim"] if "weights" in r["urn"]]
+    print(f"\nstate dependencies: StatefulSet <- {len(sts.get('dependencies', []))} resources, "
+          f"weights Job <- {len(weights_job.get('dependencies', []))}")
+    assert weights_job["urn"] in sts.get("dependencies", [])
+    assert pvc["urn"] in weights_job.get("dependencies", [])
+
     # Idempotence: a second up changes nothing.
     pulumi.run("up", "--yes", "--expect-no-changes")
 

@@ -1,0 +1,189 @@
+"""`k3infra accuracy run | compare | fetch`: the accuracy smoke test (docs/accuracy.md).
+
+compare  exit 0 every task inside the baseline's band, 1 outside it or no baseline,
+         2 unreadable run, 3 a run whose task configuration is not the baseline's.
+"""
+from __future__ import annotations
+
+import argparse
+from importlib import resources
+from pathlib import Path
+
+from k3infra.cli import UsageError
+
+
+def _defaults():
+    from k3infra.config import AccuracyConfig
+
+    return AccuracyConfig()
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    d = _defaults()
+    sub = parser.add_subparsers(dest="accuracy_command", required=True)
+
+    run = sub.add_parser("run", help="run the smoke test against an endpoint with lm-eval")
+    run.add_argument("--endpoint", required=True, help="http(s)://host:port of the API")
+    run.add_argument("--model", default="kimi-k3", help="the served model name")
+    run.add_argument("--out", required=True, type=Path, help="results directory")
+    run.add_argument("--api-key-file", type=Path,
+                     help="file holding the API key (default: $OPENAI_API_KEY, lm-eval's own)")
+    run.add_argument("--tasks", default=",".join(d.tasks))
+    run.add_argument("--tasks-dir", type=Path, help="task YAML files (default: the shipped ones)")
+    run.add_argument("--limit", type=int, default=d.limit)
+    run.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    run.add_argument("--seed", type=int, default=d.seed)
+    run.add_argument("--concurrency", type=int, default=d.concurrency)
+    run.add_argument("--request-timeout", type=int, default=300)
+    run.add_argument("--max-retries", type=int, default=3)
+    run.add_argument("--timeout", type=int, default=d.timeout_minutes * 60)
+    run.add_argument("--lm-eval", default="lm_eval",
+                     help="the lm-eval command (requirements-accuracy.txt installs it)")
+    run.add_argument("--run-id", default="")
+    run.set_defaults(func=_run)
+
+    cmp = sub.add_parser("compare", help="judge a run against the receipt's accuracy baseline")
+    cmp.add_argument("result", type=Path, metavar="RUN_DIR",
+                     help="a run directory (scores.json, SHA256SUMS)")
+    cmp.add_argument("--receipt", help="the receipt holding the baseline (default: shipped)")
+    cmp.add_argument("--accept", action="store_true",
+                     help="no baseline yet: write this run into a copy of the receipt (--out)")
+    cmp.add_argument("--out", type=Path, help="the receipt YAML --accept writes")
+    cmp.add_argument("--plot", type=Path, metavar="FILE.png",
+                     help="draw scores against the baseline's tolerance band")
+    cmp.set_defaults(func=_compare)
+
+    fe = sub.add_parser("fetch", help="copy the AccuracySmoke Job's files from the cluster")
+    fe.add_argument("--out", required=True, type=Path)
+    fe.add_argument("--namespace", default="k3")
+    fe.add_argument("--kubeconfig")
+    fe.add_argument("--context")
+    fe.add_argument("--run", help="a run id (default: the latest complete run)")
+    fe.add_argument("--image", help="image for the reader pod (default: the Job's)")
+    fe.set_defaults(func=_fetch)
+
+
+def shipped_tasks_dir() -> Path:
+    return Path(str(resources.files("k3infra.accuracy").joinpath("tasks")))
+
+
+def _run(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+
+    from k3infra.accuracy import runner
+
+    env_key = None
+    if args.api_key_file:
+        try:
+            env_key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
+    if not (env_key or os.environ.get("OPENAI_API_KEY")):
+        raise UsageError("no API key: pass --api-key-file or set OPENAI_API_KEY")
+    for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens),
+                        ("--concurrency", args.concurrency)):
+        if value < 1:
+            raise UsageError(f"{flag} {value}: must be >= 1")
+    argv = ["--endpoint", args.endpoint, "--model", args.model, "--results", str(args.out),
+            "--tasks-dir", str(args.tasks_dir or shipped_tasks_dir()), "--tasks", args.tasks,
+            "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
+            "--seed", str(args.seed), "--concurrency", str(args.concurrency),
+            "--request-timeout", str(args.request_timeout),
+            "--max-retries", str(args.max_retries), "--timeout", str(args.timeout),
+            "--lm-eval", shlex.join(shlex.split(args.lm_eval)), "--run-id", args.run_id]
+    previous = os.environ.get("OPENAI_API_KEY")
+    if env_key:
+        os.environ["OPENAI_API_KEY"] = env_key      # lm-eval's own variable, child only
+    try:
+        return runner.main(argv)
+    finally:
+        if env_key:
+            if previous is None:
+                os.environ.pop("OPENAI_API_KEY", None)
+            else:
+                os.environ["OPENAI_API_KEY"] = previous
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from k3infra.accuracy.compare import (CONFIDENCE, EXIT_OUTSIDE, RunError,
+                                          baseline_section, compare_run, load_run)
+    from k3infra.accuracy.report import accuracy_table, plot_accuracy
+    from k3infra.receipt import load_receipt
+
+    console = Console()
+    try:
+        run = load_run(args.result)
+    except RunError as exc:
+        raise UsageError(str(exc)) from None
+    receipt = load_receipt(args.receipt)
+    if receipt.accuracy is None:
+        if not args.accept:
+            console.print(f"receipt {receipt.id} has no accuracy baseline: accept this run "
+                          "with --accept --out RECEIPT.yaml (smoke test)", highlight=False)
+            return EXIT_OUTSIDE
+        if not args.out:
+            raise UsageError("--accept needs --out: the receipt copy to write")
+        written = write_baseline(args.receipt, baseline_section(run, receipt), args.out)
+        console.print(f"accepted run {run.run_id} as receipt {receipt.id}'s accuracy "
+                      f"baseline (smoke test): wrote {written}", highlight=False)
+        receipt = load_receipt(str(written))
+    elif args.accept:
+        raise UsageError(f"receipt {receipt.id} already has an accuracy baseline "
+                         f"(run {receipt.accuracy.run_id}); compare without --accept")
+    cmp = compare_run(run, receipt.accuracy)
+    console.print(accuracy_table(cmp, receipt))
+    status = cmp.exit_status()
+    console.print({0: "[green]PASS[/]: every task inside its band (smoke test)",
+                   1: "[bold red]FAIL[/]: outside the baseline's band (smoke test)",
+                   3: "[bold red]NOT COMPARABLE[/]: not the baseline's task configuration"}
+                  [status])
+    for reason in cmp.reasons():
+        console.print(f"  - {reason}", highlight=False)
+    console.print(f"tolerance: Wilson score interval of the baseline score at its sample "
+                  f"count, {CONFIDENCE:.0%} two-sided", highlight=False)
+    if args.plot:
+        plot_accuracy(cmp, receipt, args.plot)
+        print(f"plot: {args.plot}")
+    return status
+
+
+def write_baseline(base: str | None, section: dict, out: Path) -> Path:
+    """The base receipt's text with an `accuracy:` section appended (comments kept),
+    validated by loading it back before it is left in place."""
+    import yaml
+
+    from k3infra.receipt import load_receipt, receipt_path
+
+    text = Path(base).read_text() if base else receipt_path().read_text()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text.rstrip("\n") + "\n# The first accepted accuracy smoke test "
+                   "(k3infra accuracy compare --accept): a smoke test, not a benchmark claim.\n"
+                   + yaml.safe_dump({"accuracy": section}, sort_keys=False, width=100))
+    try:
+        load_receipt(str(tmp))
+    except Exception as exc:
+        tmp.unlink()
+        raise UsageError(f"the receipt with this baseline does not validate: {exc}") from None
+    tmp.replace(out)
+    return out
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from k3infra.accuracy.manifests import JOB_SELECTOR
+    from k3infra.bench.cluster import ClusterError, connect, fetch_results
+
+    try:
+        run_dir = fetch_results(connect(args.kubeconfig, args.context), args.namespace,
+                                args.out, image=args.image, run_id=args.run or "",
+                                job_selector=JOB_SELECTOR, enabled_by="k3:accuracy.enabled")
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
+    Console().print(f"fetched {run_dir} (each file checked against the run's SHA256SUMS); "
+                    f"compare with: k3infra accuracy compare {run_dir}", highlight=False)
+    return 0

@@ -1,0 +1,94 @@
+"""`k3infra accuracy compare`: the Wilson band against literal figures, accepting the
+first run into a receipt copy, judging later runs, and the plot. Run directories are
+written here in the runner's layout (the real lm-eval path: test_accuracy_lmeval.py)."""
+import json
+
+import pytest
+
+from k3infra.accuracy import runner
+from k3infra.accuracy.compare import wilson_interval
+from k3infra.cli import main
+from k3infra.receipt import load_receipt
+
+CONFIG = {"tasks": ["k3_smoke_gsm8k", "k3_smoke_arc"], "limit": 100, "temperature": 0,
+          "max_tokens": 1024, "seed": 0}
+
+
+def _run_dir(root, run_id, scores, config=CONFIG, status="complete"):
+    d = root / run_id
+    d.mkdir(parents=True)
+    (d / "lm-eval").mkdir()
+    (d / "lm-eval" / "samples_k3_smoke_gsm8k_x.jsonl").write_text('{"doc_id": 0}\n')
+    (d / "config.json").write_text(json.dumps({"engine_image": "img@sha256:" + "b" * 64}))
+    (d / "scores.json").write_text(json.dumps({
+        "label": "smoke test", "run_id": run_id, "harness": "lm-eval 0.4.13",
+        "task_config": config,
+        "scores": {t: {"metric": "exact_match,f", "score": s, "samples": n}
+                   for t, (s, n) in scores.items()}}))
+    (d / "index.json").write_text(json.dumps({"status": status, "problems": []}))
+    runner.write_sums(d)
+    return d
+
+
+# Wilson score interval, z = 2.5758 (99 %), worked by hand:
+#   p = 0.9, n = 100: z^2/n = 0.066349; centre = (0.9 + 0.0331745) / 1.066349 = 0.875120
+#   half = 2.5758 / 1.066349 x sqrt(0.0009 + 0.00016587) = 2.415585 x 0.032648 = 0.078863
+#   -> [0.79626, 0.95398]
+#   p = 1.0, n = 20: centre = (1 + 0.165873) / 1.331746 = 0.875446,
+#   half = 1.934205 x sqrt(6.634896 / 1600) = 1.934205 x 0.064396 = 0.124555 -> [0.75089, 1]
+def test_wilson_band_hand_worked():
+    lo, hi = wilson_interval(0.9, 100)
+    assert lo == pytest.approx(0.79626, abs=1e-4) and hi == pytest.approx(0.95398, abs=1e-4)
+    lo, hi = wilson_interval(1.0, 20)
+    assert lo == pytest.approx(0.75089, abs=1e-4) and hi == 1.0
+    with pytest.raises(ValueError):
+        wilson_interval(1.2, 10)
+
+
+def test_accept_then_compare_then_fail(tmp_path, capsys):
+    base = _run_dir(tmp_path, "base", {"k3_smoke_gsm8k": (0.93, 100), "k3_smoke_arc": (0.90, 100)})
+    assert main(["accuracy", "compare", str(base)]) == 1
+    assert "has no accuracy baseline" in capsys.readouterr().out
+    receipt = tmp_path / "receipt.yaml"
+    assert main(["accuracy", "compare", str(base), "--accept", "--out", str(receipt)]) == 0
+    assert "accepted run base" in capsys.readouterr().out
+    r = load_receipt(str(receipt))
+    acc = r.accuracy
+    assert acc.label == "smoke test" and acc.harness == "lm-eval 0.4.13"
+    assert [(s.task, s.score, s.samples) for s in acc.scores] == [
+        ("k3_smoke_arc", 0.9, 100), ("k3_smoke_gsm8k", 0.93, 100)]
+    assert acc.engine["commit"] == load_receipt().engine.commit
+    assert acc.weights["tree_digest"] == load_receipt().model.tree_digest
+    assert {f.file for f in acc.files} >= {"scores.json", "config.json", "index.json"}
+    assert "# The measured Kimi K3" in receipt.read_text()           # comments kept
+    # a second accept is refused: the baseline is the first accepted run
+    assert main(["accuracy", "compare", str(base), "--accept", "--out", str(receipt),
+                 "--receipt", str(receipt)]) == 2
+
+    ok = _run_dir(tmp_path, "ok", {"k3_smoke_gsm8k": (0.90, 100), "k3_smoke_arc": (0.86, 100)})
+    assert main(["accuracy", "compare", str(ok), "--receipt", str(receipt)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    bad = _run_dir(tmp_path, "bad", {"k3_smoke_gsm8k": (0.70, 100), "k3_smoke_arc": (0.88, 100)})
+    png = tmp_path / "acc.png"
+    assert main(["accuracy", "compare", str(bad), "--receipt", str(receipt),
+                 "--plot", str(png)]) == 1
+    out = capsys.readouterr().out
+    assert "k3_smoke_gsm8k: score 0.7000 over 100 samples is outside the baseline 0.9300" in out
+    assert "smoke test" in out
+    from PIL import Image
+
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 400
+
+
+def test_other_configuration_and_failed_runs(tmp_path, capsys):
+    base = _run_dir(tmp_path, "base", {"k3_smoke_gsm8k": (0.93, 100), "k3_smoke_arc": (0.9, 100)})
+    receipt = tmp_path / "r.yaml"
+    assert main(["accuracy", "compare", str(base), "--accept", "--out", str(receipt)]) == 0
+    other = _run_dir(tmp_path, "other", {"k3_smoke_gsm8k": (0.93, 20), "k3_smoke_arc": (0.9, 20)},
+                     config={**CONFIG, "limit": 20})
+    assert main(["accuracy", "compare", str(other), "--receipt", str(receipt)]) == 3
+    assert "task configuration limit: baseline 100, run 20" in capsys.readouterr().out
+    failed = _run_dir(tmp_path, "failed", {"k3_smoke_gsm8k": (0.9, 100)}, status="failed")
+    assert main(["accuracy", "compare", str(failed), "--receipt", str(receipt)]) == 2
+    assert "run status 'failed'" in capsys.readouterr().err
