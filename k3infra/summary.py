@@ -37,6 +37,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt) -> list[tuple[str, 
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
          f"{w.prefetch_timeout_seconds(r, cfg)} s"),
+        ("weights gate", w.gate_summary(r, cfg)),
         ("vllm serve", rendered_serve_line(render)),
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
         ("placement", f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "
