@@ -108,8 +108,10 @@ def test_render_shows_the_gate_mode(gate_mode):
 
     r = render("existing", PIN, f"weights.gateMode={gate_mode}")
     assert env_of(container(r))["K3_GATE_MODE"] == gate_mode
-    cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys))
-    rows = dict(summary_rows(cfg, r))
+    from k3infra.receipt import load_receipt
+
+    cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=load_receipt())
+    rows = dict(summary_rows(cfg, r, load_receipt()))
     assert rows["weights gate"].startswith(f"{gate_mode}: full read-and-hash of 1561.0 GB")
 
 
