@@ -17,7 +17,10 @@ def rendered_serve_line(render) -> str:
     (sts,) = [o for o in render.manifests() if o["kind"] == "StatefulSet"]
     (vllm,) = [c for c in sts["spec"]["template"]["spec"]["containers"]
                if c["name"] == SERVING_CONTAINER]
-    return " ".join(serve_argv(vllm))
+    argv = serve_argv(vllm)
+    # From `vllm serve` on: the weights gate that runs first has its own row.
+    start = next((i for i in range(len(argv) - 1) if argv[i] == "vllm" and argv[i + 1] == "serve"), 0)
+    return " ".join(argv[start:])
 
 
 def summary_rows(cfg: StackConfig, render, receipt: Receipt) -> list[tuple[str, str]]:

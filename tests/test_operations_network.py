@@ -218,7 +218,7 @@ def test_the_bench_reader_pod_gets_no_network_at_all():
 
 def test_weights_audit_pods_are_left_to_the_default_deny():
     r = render("existing", PIN)
-    cron = manifest(r, "CronJob", "kimi-k3-weights-audit")
+    cron = manifest(r, "CronJob", "kimi-k3-audit")
     labels = cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
     selecting = [p["metadata"]["name"] for p in r.manifests() if p["kind"] == "NetworkPolicy"
                  and p["metadata"]["namespace"] == cron["metadata"]["namespace"]

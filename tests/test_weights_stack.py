@@ -127,13 +127,13 @@ def test_runtime_digests_in_the_pod_spec_are_those_of_the_configmap():
                     for item in vol["configMap"]["items"]}
     assert "K3_RUNTIME_BOOTSTRAP" not in json.dumps(cm)         # not editable with the ConfigMap
     assert cm["immutable"] is True
-    tag = hashlib.sha256(env_of(container(r))["K3_RUNTIME_SHA256"].encode()).hexdigest()[:10]
+    tag = hashlib.sha256(env_of(container(r))["K3_RUNTIME_SHA256"].encode()).hexdigest()[:8]
     assert cm["metadata"]["name"] == f"kimi-k3-weights-runtime-{tag}"
 
 
 def test_audit_cronjob_reads_read_only_and_can_be_disabled():
     r = render("existing", PIN)
-    cron = manifest(r, "CronJob", "kimi-k3-weights-audit")
+    cron = manifest(r, "CronJob", "kimi-k3-audit")
     assert cron["spec"]["schedule"] == "30 4 * * 0"
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]

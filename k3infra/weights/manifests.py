@@ -90,7 +90,9 @@ class WeightsParts:
 
 def names(base: str) -> dict[str, str]:
     return {"configmap": f"{base}-weights-runtime", "pvc": f"{base}-weights",
-            "job": f"{base}-weights-prefetch", "audit": f"{base}-weights-audit",
+            "job": f"{base}-weights-prefetch",
+            # CronJob names stay within 52 characters for the longest instance name.
+            "audit": f"{base}-audit",
             "volume": "weights", "runtime": "weights-runtime", "gate_state": "gate-state"}
 
 
@@ -133,7 +135,7 @@ def runtime_configmap_name(base: str, lock_text: Optional[str]) -> str:
     """Named by its content: a new runtime is a new ConfigMap, so pods of the previous
     template (a canary partition, OnDelete) keep the files their pinned digests name and
     still pass the bootstrap on a restart."""
-    tag = hashlib.sha256(runtime_pins(lock_text).encode("ascii")).hexdigest()[:10]
+    tag = hashlib.sha256(runtime_pins(lock_text).encode("ascii")).hexdigest()[:8]
     return f"{names(base)['configmap']}-{tag}"
 
 
