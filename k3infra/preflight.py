@@ -76,6 +76,8 @@ def check_node_count(cfg: StackConfig, receipt: Receipt) -> Check:
                  f"{pool.node_count} node(s) for {cfg.replicas} replica(s)"
                  + (f", {spare} spare" if spare else ""))
 
+TREES_PER_VOLUME = 2
+
 
 def check_local_nvme(cfg: StackConfig, receipt: Receipt,
                      lock_total_bytes: Optional[int] = None) -> Check:
@@ -97,17 +99,21 @@ def check_local_nvme(cfg: StackConfig, receipt: Receipt,
         weights_gb, source = lock_total_bytes / 1e9, "lock total"
     else:
         weights_gb, source = receipt.model.size_gb, "receipt size (no lock file)"
-    need_gb = weights_gb * (1 + pool.local_nvme_margin_pct / 100)
+    # Two trees: a revision change fetches the new tree beside the old one (staging
+    # directory, renamed into place), so both must fit until the old one is removed.
+    need_gb = TREES_PER_VOLUME * weights_gb * (1 + pool.local_nvme_margin_pct / 100)
     if capacity_gb < need_gb:
         key = "k3:nodePool.localNvmeGB" if pool.local_nvme_gb is not None else "k3:weights.mode"
         value = pool.local_nvme_gb if pool.local_nvme_gb is not None else cfg.weights.mode
         raise PreflightError(
             key, value,
-            f"{capacity_gb:.1f} GB of local NVMe per node cannot hold {weights_gb:.1f} GB of "
-            f"weights ({source}) + {pool.local_nvme_margin_pct:g} % margin = {need_gb:.1f} GB; "
+            f"{capacity_gb:.1f} GB of local NVMe per node cannot hold {TREES_PER_VOLUME} x "
+            f"{weights_gb:.1f} GB of weights ({source}; the old and the new tree during a "
+            f"revision change) + {pool.local_nvme_margin_pct:g} % margin = {need_gb:.1f} GB; "
             "accepted: nodes with more local NVMe, or k3:weights.mode = shared")
     return Check("local NVMe",
-                 f"{capacity_gb:.1f} GB per node >= {weights_gb:.1f} GB ({source}) + "
+                 f"{capacity_gb:.1f} GB per node >= {TREES_PER_VOLUME} x {weights_gb:.1f} GB "
+                 f"({source}) + "
                  f"{pool.local_nvme_margin_pct:g} % = {need_gb:.1f} GB")
 
 

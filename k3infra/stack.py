@@ -158,7 +158,8 @@ class K3ServingStack(pulumi.ComponentResource):
 
         self.serving = VllmServing(
             f"{name}-serving", receipt, inputs, image, self.weights.parts_for, names, instance,
-            self.engine.plan.pins(), depends_on=[self.weights.job, *secrets, self.pool], opts=in_ns)
+            self.engine.plan.pins(), depends_on=[*self.weights.jobs, *secrets, self.pool],
+            opts=in_ns)
 
         # k3:benchmark.enabled: re-measure the receipt once serving is ready.
         self.benchmark = None

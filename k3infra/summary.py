@@ -19,7 +19,10 @@ def rendered_serve_line(render) -> str:
     (sts,) = [o for o in render.manifests() if o["kind"] == "StatefulSet"]
     (vllm,) = [c for c in sts["spec"]["template"]["spec"]["containers"]
                if c["name"] == SERVING_CONTAINER]
-    return " ".join(serve_argv(vllm))
+    argv = serve_argv(vllm)
+    # From `vllm serve` on: the weights gate that runs first has its own row.
+    start = next((i for i in range(len(argv) - 1) if argv[i] == "vllm" and argv[i + 1] == "serve"), 0)
+    return " ".join(argv[start:])
 
 
 def summary_rows(cfg: StackConfig, render, receipt: Receipt,
@@ -42,6 +45,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
          f"{w.prefetch_timeout_seconds(r, cfg)} s"),
+        ("weights gate", w.gate_summary(r, cfg)),
         ("vllm serve", serve_line or rendered_serve_line(render)),
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
         ("placement", f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "

@@ -44,6 +44,13 @@ def container(r: Render, name: str = "vllm") -> dict:
     return next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
+def runtime_configmap(r: Render) -> dict:
+    """The weights runtime ConfigMap (its name carries a digest of its content)."""
+    sts = manifest(r, "StatefulSet")
+    vol = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights-runtime")
+    return manifest(r, "ConfigMap", vol["configMap"]["name"])
+
+
 @pytest.fixture(scope="session")
 def receipt():
     return load_receipt()

@@ -48,7 +48,8 @@ def vllm(plan: dict) -> dict:
 
 
 def gate(plan: dict) -> dict:
-    return pod_spec(plan)["initContainers"][0]
+    """The container that runs the weights gate: vLLM's own (the gate prefixes its command)."""
+    return vllm(plan)
 
 
 def set_env(container: dict, name: str, value: str | None) -> None:
@@ -275,19 +276,28 @@ def serving_does_not_wait(plan):
 
 
 @variant("k3-serving-gate")
-def no_gate_init_container(plan):
-    del pod_spec(plan)["initContainers"]
+def vllm_starts_without_the_gate(plan):
+    vllm(plan)["command"] = ["vllm", "serve"]
+
+
+@variant("k3-serving-gate")
+def gate_only_in_an_init_container(plan):
+    """The old layout: a restart of the vLLM container would skip the gate."""
+    c = vllm(plan)
+    pod_spec(plan)["initContainers"] = [{**copy.deepcopy(c), "name": "weights-gate",
+                                         "command": c["command"][:3] + ["k3-gate", "true"]}]
+    c["command"] = ["vllm", "serve"]
+
+
+@variant("k3-serving-gate")
+def weights_mounted_writable(plan):
+    next(m for m in vllm(plan)["volumeMounts"] if m["name"] == "weights")["readOnly"] = False
 
 
 @variant("k3-serving-gate")
 def prefetch_not_awaited(plan):
     meta = prefetch(plan)["inputs"]["metadata"]
     meta.setdefault("annotations", {})["pulumi.com/skipAwait"] = "true"
-
-
-@variant("k3-serving-gate")
-def gate_as_sidecar(plan):
-    gate(plan)["restartPolicy"] = "Always"
 
 
 @variant("k3-no-literal-secrets")

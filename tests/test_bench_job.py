@@ -109,9 +109,15 @@ def test_the_benchmark_runs_gated_beside_a_serving_pod_without_remote_code():
     r = render("existing", PIN, ON)
     spec = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]
     sts = manifest(r, "StatefulSet")["spec"]["template"]
-    assert [c["name"] for c in spec["initContainers"]] == \
-        [c["name"] for c in sts["spec"]["initContainers"]]
-    assert spec["initContainers"] == sts["spec"]["initContainers"]
+    (gate,) = spec["initContainers"]
+    assert gate["name"] == "weights-gate" and " gate " in gate["command"][2]
+    vllm = next(c for c in sts["spec"]["containers"] if c["name"] == "vllm")
+    pinned = {e["name"]: e.get("value") for e in vllm["env"]}
+    env = {e["name"]: e.get("value") for e in gate["env"]}
+    for key in ("K3_TREE", "K3_EXPECT_TREE_DIGEST", "K3_REVISION", "K3_RUNTIME_SHA256"):
+        assert env[key] == pinned[key], key
+    assert env["K3_GATE_MODE"] == "warm"
+    assert next(m for m in gate["volumeMounts"] if m["name"] == "weights")["readOnly"] is True
     (beside,) = spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert beside["topologyKey"] == "kubernetes.io/hostname"
     assert all(sts["metadata"]["labels"][k] == v
@@ -123,11 +129,12 @@ def test_the_benchmark_runs_gated_beside_a_serving_pod_without_remote_code():
     assert "trust_remote_code=False" in text and '"--trust-remote-code"' not in text
 
 
-def test_node_local_weights_are_mounted_from_the_node():
+def test_node_local_weights_are_read_from_replica_0s_local_volume():
     r = render("existing", PIN, ON, "weights.mode=node-local")
     spec = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]
     vols = {v["name"]: v for v in spec["volumes"]}
-    assert vols["weights"]["hostPath"]["path"] == "/mnt/k3-weights"
+    assert vols["weights"]["persistentVolumeClaim"] == {"claimName": "weights-kimi-k3-0",
+                                                        "readOnly": True}
 
 
 def test_config_changes_the_grid():

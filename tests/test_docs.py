@@ -88,7 +88,7 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
     serving = " ".join((ROOT / "docs" / "serving.md").read_text().split())
     configuration = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
     s = cfg.serving
-    assert (f"ceil({b.load_seconds} x {s.startup_safety_factor:g}) + "
+    assert (f"{b.gate_seconds} + ceil({b.load_seconds} x {s.startup_safety_factor:g}) + "
             f"{s.compile_allowance_seconds} = {b.total_seconds} s") in serving
     assert f"allows {b.failure_threshold} failures" in serving
     assert f"({m.drain_seconds(receipt, cfg)} s with the shipped receipt" in serving

@@ -93,23 +93,29 @@ def test_host_stack_registers_image_prefetch_server_proxy_in_order():
 def test_server_runs_the_gate_then_the_receipts_exact_serve_command():
     c = containers(host_render())["kimi-k3-vllm"]["inputs"]
     tokens = [*c["entrypoints"], *c["command"]]
+    # The pods' entrypoint: the bootstrap-checked gate, then `exec vllm serve ...`.
     assert tokens[:2] == ["sh", "-c"]
-    assert tokens[2] == ('PYTHONPATH="$K3_RUNTIME_DIR" sh "$K3_RUNTIME_DIR"/gate.sh '
-                         '&& exec vllm serve "$@"')
-    assert ["vllm", "serve", *tokens[4:]] == SERVE
+    assert tokens[2] == ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
+                         '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
+                         '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
+                         '--workers "$K3_HASH_WORKERS" || exit 1; exec "$@"')
+    assert tokens[3:] == ["k3-gate", *SERVE]
     assert c["image"] == PREBUILT_IMAGE and c["gpus"] == "all"
     assert c["shmSize"] == 64 * 1024 and c["privileged"] is False
     assert {u["name"]: (u["soft"], u["hard"]) for u in c["ulimits"]} == {
         "memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
     assert c["ports"] == [{"internal": 8000, "external": 8000, "ip": "127.0.0.1", "protocol": "tcp"},
                           {"internal": 9090, "external": 9090, "ip": "127.0.0.1", "protocol": "tcp"}]
-    # The startup budget of the receipt's 1561 GB at 2 GB/s x 1.5 + 1800 s = 2972 s.
-    assert c["healthcheck"]["startPeriod"] == "2972s"
+    # The startup budget of the receipt's 1561.0 GB: the gate's read, then load and
+    # compile: 781 + ceil(781 x 1.5) + 1800 = 3753 s (docs/serving.md).
+    assert c["healthcheck"]["startPeriod"] == "3753s"
     assert "http://127.0.0.1:8001/health" in c["healthcheck"]["tests"][-1]
     assert c["restart"] == "unless-stopped" and c["wait"] is True
     assert {m["target"]: m["readOnly"] for m in c["mounts"]} == {"/weights": True, "/cache": False}
+    assert set(c["tmpfs"]) == {"/tmp", "/var/run/k3-gate"}
     uploads = {u["file"] for u in c["uploads"]}
-    assert "/etc/k3/weights/gate.sh" in uploads and "/etc/k3/weights/k3weights/verify.py" in uploads
+    assert {"/etc/k3/weights/k3weights/gate.py", "/etc/k3/weights/k3weights/verify.py",
+            "/etc/k3/weights/prefetch.sh"} <= uploads
 
 
 def test_receipt_is_explicit_and_names_follow_the_instance():
@@ -141,7 +147,8 @@ def test_secrets_never_reach_the_plan_and_env_comes_from_the_plan():
     env = host_plan(load(), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm").env
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "2972"
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3753"
+    assert env["K3_GATE_MODE"] == "warm" and env["K3_GATE_STATE"] == "/var/run/k3-gate"
     assert "PYTHONPATH" not in env and "VLLM_API_KEY" not in env
     assert env["K3_EXPECT_TREE_DIGEST"] == \
         "sha256:ebf0b1a75a29ab5e01f319252302c418d0e8f9340e402950497094a6fc64aced"
@@ -333,12 +340,12 @@ def test_render_writes_compose_with_the_same_containers(tmp_path):
     assert list(s) == ["prefetch", "vllm", "proxy"]
     assert s["vllm"]["image"] == PREBUILT_IMAGE == s["prefetch"]["image"]
     assert s["vllm"]["command"][:2] == ["sh", "-c"]
-    assert ["vllm", "serve", *s["vllm"]["command"][4:]] == SERVE
+    assert s["vllm"]["command"][3:] == ["k3-gate", *SERVE]
     assert doc["x-k3infra"]["serveCommand"] == " ".join(SERVE)
     assert s["vllm"]["depends_on"] == {"prefetch": {"condition": "service_completed_successfully"}}
     assert s["vllm"]["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
-    assert s["vllm"]["healthcheck"]["start_period"] == "2972s"
+    assert s["vllm"]["healthcheck"]["start_period"] == "3753s"
     assert s["vllm"]["ports"][0] == {"host_ip": "127.0.0.1", "published": "8000", "target": 8000,
                                      "protocol": "tcp"}
     assert s["vllm"]["env_file"] == [{"path": "k3-api-key.env", "required": True}]
@@ -384,16 +391,23 @@ def test_compose_file_passes_compose_go(tmp_path):
         "prefetch": "kimi-k3-prefetch", "vllm": "kimi-k3-vllm", "proxy": "kimi-k3-proxy"}
     assert model["volumes"]["kimi-k3-cache"]["name"] == "kimi-k3-cache"
     vllm = model["services"]["vllm"]
-    assert ["vllm", "serve", *vllm["command"][4:]] == SERVE
+    assert vllm["command"][3:] == ["k3-gate", *SERVE]
     # `$$` reached the container as `$`: the shell sees its own variables.
-    assert vllm["command"][2].startswith('PYTHONPATH="$K3_RUNTIME_DIR"')
+    assert vllm["command"][2].startswith('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE"')
     assert vllm["environment"]["VLLM_API_KEY"] == "k3-test-key"
     assert model["services"]["prefetch"]["environment"]["HF_TOKEN"] == "hf_test"
     assert "VLLM_API_KEY" not in model["services"]["prefetch"]["environment"]
     assert vllm["depends_on"]["prefetch"]["condition"] == "service_completed_successfully"
     assert vllm["shm_size"] == str(64 * 2**30) or int(vllm["shm_size"]) == 64 * 2**30
-    gate = next(c for c in model["configs"].values() if "k3 gate" in c.get("content", ""))
-    assert "refusing to serve" in gate["content"]
+    # The bootstrap's pins match the files Compose mounts (what the pods' check relies on).
+    import hashlib
+    import json as _json
+
+    pins = _json.loads(vllm["environment"]["K3_RUNTIME_SHA256"])
+    mounted = {c["target"]: model["configs"][c["source"]]["content"] for c in vllm["configs"]}
+    assert pins and all(
+        hashlib.sha256(mounted[f"/etc/k3/weights/{path}"].encode()).hexdigest() == digest
+        for path, digest in pins.items())
 
     # A missing env file, or a depends_on naming no service, is refused by the loader.
     (tmp_path / "k3-api-key.env").unlink()

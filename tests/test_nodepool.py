@@ -79,7 +79,8 @@ def test_serving_and_weights_wait_for_the_pool_and_the_cluster_addons():
     group_urn = by_name["kimi-k3-pool-nodegroup"]["urn"]
     chart_urn = by_name["cluster-addons-gpu-operator"]["urn"]
     assert {group_urn, chart_urn} <= set(by_name["kimi-k3-serving-statefulset"]["dependsOn"])
-    assert {group_urn, chart_urn} <= set(by_name["kimi-k3-weights-job"]["dependsOn"])
+    # node-local (the aws stack): one prefetch Job per replica
+    assert {group_urn, chart_urn} <= set(by_name["kimi-k3-weights-job-0"]["dependsOn"])
     # The GPU Operator is cluster-wide: its own component, not the instance's pool.
     assert by_name["cluster-addons-gpu-operator"]["parent"] == by_name["cluster-addons"]["urn"]
 

@@ -125,10 +125,11 @@ def test_serving_egress_is_dns_only_in_shared_mode():
         "kubernetes.io/metadata.name": "kube-system"}}}]
 
 
-def test_node_local_serving_pods_may_reach_the_hub_because_their_gate_fetches():
+def test_node_local_serving_pods_reach_no_hub_either():
+    """Only the per-node prefetch Jobs fetch; the serving pods hold no HF token (issue 21)."""
     c = cfg(weights={"mode": "node-local"}, nodePool={"provider": "existing", "localNvmeGB": 30400})
     egress = n.serving_policy(c, NAMES, "k3")["spec"]["egress"]
-    assert egress == [n.dns_egress(c), n.hub_egress(c)]
+    assert egress == [n.dns_egress(c)]
 
 
 def test_prefetch_job_gets_no_ingress_and_reaches_dns_and_the_hub_on_https():
@@ -213,3 +214,13 @@ def test_the_bench_reader_pod_gets_no_network_at_all():
     assert matches(reader["podSelector"], pod["metadata"]["labels"])
     assert reader["ingress"] == [] and reader["egress"] == []
     assert reader["policyTypes"] == ["Ingress", "Egress"]
+
+
+def test_weights_audit_pods_are_left_to_the_default_deny():
+    r = render("existing", PIN)
+    cron = manifest(r, "CronJob", "kimi-k3-audit")
+    labels = cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    selecting = [p["metadata"]["name"] for p in r.manifests() if p["kind"] == "NetworkPolicy"
+                 and p["metadata"]["namespace"] == cron["metadata"]["namespace"]
+                 and matches({"matchLabels": {}, **p["spec"]["podSelector"]}, labels)]
+    assert selecting == ["kimi-k3-default-deny"]

@@ -104,6 +104,21 @@ def test_custom_profile_is_reported_by_the_advisory_twins():
     flags = [m for m, _ in violations(policy("k3-serve-flags-custom"), custom)]
     assert any("--enforce-eager" in m and "NOT the measured" in m for m in flags)
     assert any("VLLM_USE_V1" in m for m in flags)
+    # Without a lock of its own, a custom stack now holds the weights to the receipt's
+    # digest too (issue 21): nothing for the digest twin to report.
+    assert violations(policy("k3-tree-digest-custom"), custom) == []
+
+
+def test_custom_profile_with_its_own_lock_is_reported_not_measured(tmp_path):
+    from k3infra.weights import tree
+
+    revision = render("existing", *CUSTOM).raw_config["k3:weightsRevision"]
+    lock = tree.make_lock("moonshotai/Kimi-K3", revision, [
+        tree.FileEntry("model-00001-of-00001.safetensors", 10, "1" * 64)])
+    path = tmp_path / "lock.json"
+    path.write_text(tree.lock_to_json(lock))
+    custom = render("existing", *CUSTOM, f"weights.lockFile={path}").plan()
+    assert violations(policy("k3-tree-digest"), custom) == []
     digest = [m for m, _ in violations(policy("k3-tree-digest-custom"), custom)]
     assert digest and all("NOT the measured tree" in m for m in digest)
 
@@ -163,13 +178,16 @@ def test_host_path_allowed_paths_config(plan):
                       {"allowedPaths": ["/var/run/docker.sock"]}) == []
 
 
-def test_node_local_root_is_the_only_host_path(plan):
+def test_node_local_weights_need_no_host_path(plan):
+    """Node-local weights are local PersistentVolumes: even the weights root is not an
+    allowed hostPath any more (issue 21: the serving namespace stays restricted)."""
     aws = render("aws").plan()
     assert aws["config"]["k3:weights"]["mode"] == "node-local"
     assert violations(policy("k3-host-path"), aws) == []
-    moved = copy.deepcopy(aws)
-    moved["config"]["k3:weights"] = {**aws["config"]["k3:weights"], "nodeLocalRoot": "/data"}
-    assert violations(policy("k3-host-path"), moved)
+    mounted = copy.deepcopy(aws)
+    vllm(mounted).setdefault("volumeMounts", []).append({"name": "nvme", "mountPath": "/nvme"})
+    pod_spec(mounted)["volumes"].append({"name": "nvme", "hostPath": {"path": "/mnt/k3-weights"}})
+    assert violations(policy("k3-host-path"), mounted)
 
 
 def test_extra_secret_patterns_config(plan):

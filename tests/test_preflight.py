@@ -22,7 +22,7 @@ def test_report_lines_for_a_good_aws_stack(receipt):
     assert all(line.startswith("ok  ") for line in lines)
     text = "\n".join(lines)
     assert "headroom" in text and "p6-b300.48xlarge" in text
-    assert "30400.0 GB per node >= 1561.0 GB (lock total)" in text
+    assert "30400.0 GB per node >= 2 x 1561.0 GB (lock total)" in text
     assert "cr-0123456789abcdef0 in us-east-1b" in text
 
 
@@ -67,18 +67,18 @@ def test_spare_nodes_reported(receipt):
 def test_local_nvme_too_small_for_the_lock(receipt):
     cfg = stack_config({"provider": "aws", "aws": AWS}, weights={"mode": "node-local"})
     with pytest.raises(PreflightError) as err:
-        check_local_nvme(cfg, receipt, lock_total_bytes=28_000_000_000_000)
+        check_local_nvme(cfg, receipt, lock_total_bytes=14_000_000_000_000)
     assert err.value.key == "k3:weights.mode"
-    assert "30400.0 GB of local NVMe per node cannot hold 28000.0 GB" in str(err.value)
+    assert "30400.0 GB of local NVMe per node cannot hold 2 x 14000.0 GB" in str(err.value)
 
 
-def test_stated_local_nvme_below_weights_plus_margin(receipt):
-    # 1600 GB holds the receipt's 1561 GB but not the 10 % margin on top.
-    cfg = stack_config({"provider": "oci", "oci": OCI, "localNvmeGB": 1600},
+def test_stated_local_nvme_below_two_trees_plus_margin(receipt):
+    # 3200 GB holds two of the receipt's 1561 GB trees but not the 10 % margin on top.
+    cfg = stack_config({"provider": "oci", "oci": OCI, "localNvmeGB": 3200},
                        weights={"mode": "node-local"})
     with pytest.raises(PreflightError) as err:
         check_local_nvme(cfg, receipt)
-    assert err.value.key == "k3:nodePool.localNvmeGB" and err.value.value == 1600
+    assert err.value.key == "k3:nodePool.localNvmeGB" and err.value.value == 3200
     assert "receipt size" in str(err.value)
 
 

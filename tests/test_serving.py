@@ -16,7 +16,8 @@ PIN = f"weightsRevision={GOOD_REVISION}"
 def test_args_are_model_dir_then_receipt_engine_args_then_surface(receipt):
     r = render("existing", PIN)
     c = container(r)
-    assert c["command"] == ["vllm", "serve"]
+    # The weights gate, then `exec vllm serve` (k3infra/weights/manifests.py GATE_SCRIPT).
+    assert c["command"][:2] == ["sh", "-c"] and c["command"][-2:] == ["vllm", "serve"]
     n = len(receipt.serve.engine_arg_tokens())
     assert c["args"][0] == f"/weights/moonshotai--Kimi-K3/{GOOD_REVISION}"
     assert c["args"][1:1 + n] == receipt.serve.engine_arg_tokens()
@@ -43,7 +44,9 @@ def test_env_is_receipt_env_plus_allow_listed_surface(receipt):
     names = [e["name"] for e in c["env"]]
     engine = list(receipt.serve.engine_env_map())
     assert names[:len(engine)] == engine
-    assert set(names[len(engine):]) <= set(receipt.serve.surface.env)
+    gate = [n for n in names if n.startswith("K3_")]          # the weights gate's own env
+    assert names[-len(gate):] == gate
+    assert set(names[len(engine):-len(gate)]) <= set(receipt.serve.surface.env)
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_HUB_OFFLINE"]["value"] == "1"
     assert env["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
@@ -112,8 +115,8 @@ def test_placement_security_and_volumes(receipt):
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_CACHE_ROOT"].startswith("/cache/")
     assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["cache"]
-    gate = pod["initContainers"][0]
-    assert gate["name"] == "weights-gate" and "gate.sh" in gate["command"][-1]
+    assert "initContainers" not in pod               # the gate is in the vllm container
+    assert mounts["gate-state"]["mountPath"] == "/var/run/k3-gate"
 
 
 def test_labels_annotations_services_pdb(receipt):
@@ -147,13 +150,13 @@ def test_custom_profile_is_labelled_not_measured(receipt):
 def test_replicas_and_node_local_mode():
     r = render("existing", PIN, "replicas=3", "weights.mode=node-local")
     assert manifest(r, "StatefulSet")["spec"]["replicas"] == 3
-    job = manifest(r, "Job", "kimi-k3-weights-prefetch")
-    assert job["spec"]["completions"] == 3 and job["spec"]["parallelism"] == 3
-    vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
-    assert vol["hostPath"]["path"] == "/mnt/k3-weights"
-    assert not [m for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"]
+    for i in range(3):                  # one Job per replica's local volume
+        job = manifest(r, "Job", f"kimi-k3-weights-prefetch-{i}")
+        vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
+        assert vol["persistentVolumeClaim"]["claimName"] == f"weights-kimi-k3-{i}"
+    assert len([m for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"]) == 3
     ns = manifest(r, "Namespace", "kimi-k3")["metadata"]["labels"]
-    assert ns["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert ns["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_serve_command_line_matches_container(receipt):
@@ -161,7 +164,7 @@ def test_serve_command_line_matches_container(receipt):
     c = container(r)
     cfg = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
                               "k3:engineImage": "r@sha256:" + "1" * 64}, receipt=load_receipt())
-    assert m.serve_command_line(receipt, cfg, c["args"][0]) == " ".join(c["command"] + c["args"])
+    assert m.serve_command_line(receipt, cfg, c["args"][0]) == " ".join(c["command"][-2:] + c["args"])
 
 
 def test_drain_outlasts_the_slowest_measured_request(receipt):

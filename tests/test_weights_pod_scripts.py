@@ -1,7 +1,10 @@
-"""The pod scripts as pods run them: the rendered ConfigMap written out with its volume
-items, the rendered container env (paths moved under tmp), `sh` as the entrypoint, and
-the real huggingface_hub client against the loopback Hub. Nothing half-done is left
-behind: no serving start on a missing, unverified or foreign tree."""
+"""The weights containers as pods run them: the rendered ConfigMap written out with its
+volume items, each container's literal command and env (paths moved under tmp), the
+bootstrap checking the runtime against the digests in the pod spec, and the real
+huggingface_hub client against the loopback Hub. The serving container's command is run
+with a stub `vllm` on PATH that records that it started: running it again is what a
+liveness or OOM restart of the container does. Nothing half-done is left behind: no
+engine start on a missing, unverified, altered or foreign tree."""
 from __future__ import annotations
 
 import hashlib
@@ -15,9 +18,9 @@ import pytest
 from hub_loopback import LoopbackHub, environment, make_repo
 
 from k3infra.weights import manifests as w
-from k3infra.weights import tree
+from k3infra.weights import tree, verify
 
-from conftest import GOOD_REVISION, manifest, render
+from conftest import GOOD_REVISION, container, manifest, render, runtime_configmap
 
 PIN = f"weightsRevision={GOOD_REVISION}"
 REPO = "moonshotai/Kimi-K3"
@@ -25,7 +28,7 @@ REPO = "moonshotai/Kimi-K3"
 
 def materialize(r, tmp: Path) -> Path:
     """The runtime ConfigMap as the pod's volume shows it, under tmp/runtime."""
-    cm = manifest(r, "ConfigMap", "kimi-k3-weights-runtime")
+    cm = runtime_configmap(r)
     sts = manifest(r, "StatefulSet")
     vol = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights-runtime")
     runtime = tmp / "runtime"
@@ -36,25 +39,57 @@ def materialize(r, tmp: Path) -> Path:
     return runtime
 
 
-def pod_env(container: dict, tmp: Path, runtime: Path, hub_env: dict) -> dict:
-    """The container's literal env with its paths moved under tmp."""
-    env = {**hub_env}
-    for e in container["env"]:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-    for key in ("K3_TREE", "K3_LOCK"):
-        env[key] = str(tmp / env[key].lstrip("/"))
-    env["K3_RUNTIME_DIR"] = env["PYTHONPATH"] = str(runtime)
-    env["K3_HASH_WORKERS"] = "2"
-    env["HOME"] = str(tmp / "home")
-    # `python3` is the engine image's interpreter, which has huggingface_hub: here, ours.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    return env
+def under(tmp: Path, path: str) -> str:
+    return str(tmp / path.lstrip("/"))
 
 
-def run(script: str, env: dict, runtime: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(runtime / script)], env=env, capture_output=True,
-                          text=True, timeout=120)
+class Pod:
+    """One container of a rendered pod, runnable here."""
+
+    def __init__(self, c: dict, tmp: Path, runtime: Path, hub_env: dict):
+        self.c, self.tmp = c, tmp
+        env = {**hub_env}
+        for e in c["env"]:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+        for key in ("K3_TREE", "K3_LOCK", "K3_GATE_STATE"):
+            if key in env:
+                env[key] = under(tmp, env[key])
+        if "K3_GATE_LOCK" in env:
+            env["K3_GATE_LOCK"] = env["K3_GATE_LOCK"].replace(w.RUNTIME_DIR, str(runtime)) \
+                if env["K3_GATE_LOCK"].startswith(w.RUNTIME_DIR) else under(tmp, env["K3_GATE_LOCK"])
+        env["K3_RUNTIME_DIR"] = str(runtime)
+        env["K3_RUNTIME_COPY_DIR"] = str(tmp / "pod-tmp")
+        env["K3_HASH_WORKERS"] = "2"
+        env["HOME"] = str(tmp / "home")
+        # `python3` is the engine image's interpreter, which has huggingface_hub: here, ours;
+        # `vllm` is a stub that records each start.
+        bindir = tmp / "bin"
+        bindir.mkdir(exist_ok=True)
+        (bindir / "vllm").write_text(f'#!/bin/sh\necho "$@" >> {tmp / "vllm-starts"}\n')
+        (bindir / "vllm").chmod(0o755)
+        env["PATH"] = os.pathsep.join([str(bindir), str(Path(sys.executable).parent),
+                                       os.environ["PATH"]])
+        env.pop("PYTHONPATH", None)
+        for d in ("pod-tmp", "home"):
+            (tmp / d).mkdir(exist_ok=True)
+        if "K3_GATE_STATE" in env:
+            Path(env["K3_GATE_STATE"]).mkdir(parents=True, exist_ok=True)
+        self.env = env
+
+    def start(self) -> subprocess.CompletedProcess:
+        """The container's command + args, as the kubelet starts (and restarts) it."""
+        return subprocess.run([*self.c["command"], *self.c.get("args", [])], env=self.env,
+                              capture_output=True, text=True, timeout=120, cwd=self.tmp)
+
+    @property
+    def tree(self) -> Path:
+        return Path(self.env["K3_TREE"])
+
+
+def vllm_starts(tmp: Path) -> int:
+    f = tmp / "vllm-starts"
+    return len(f.read_text().splitlines()) if f.exists() else 0
 
 
 @pytest.fixture
@@ -67,69 +102,112 @@ def digest_of(files: dict[str, bytes]) -> str:
         tree.FileEntry(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()]).tree_digest
 
 
-def setup(tmp_path, mode: str, files, hub):
-    r = render("existing", PIN, f"weights.mode={mode}")
+def setup(tmp_path, files, hub, *overrides):
+    """The Job's container and the serving container of a render; the loopback repo
+    stands in for the receipt's tree, so both expect its digest."""
+    r = render("existing", PIN, *overrides)
     runtime = materialize(r, tmp_path)
-    job = manifest(r, "Job", "kimi-k3-weights-prefetch")["spec"]["template"]["spec"]["containers"][0]
-    gate = manifest(r, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]
+    job = next(m for m in r.manifests() if m["kind"] == "Job"
+               and m["metadata"]["name"].startswith("kimi-k3-weights-prefetch"))
     hub_env = environment(hub, str(tmp_path / "hf-home"))
-    job_env, gate_env = (pod_env(c, tmp_path, runtime, hub_env) for c in (job, gate))
-    # The loopback repo stands in for the receipt's tree: expect its digest.
-    for env in (job_env, gate_env):
-        env["K3_EXPECT_TREE_DIGEST"] = digest_of(files)
-    return runtime, job_env, gate_env
+    job_pod = Pod(job["spec"]["template"]["spec"]["containers"][0], tmp_path, runtime, hub_env)
+    serving = Pod(container(r), tmp_path, runtime, {})
+    for pod in (job_pod, serving):
+        pod.env["K3_EXPECT_TREE_DIGEST"] = digest_of(files)
+    return runtime, job_pod, serving
 
 
-def test_shared_gate_refuses_before_the_job_then_serves_a_verified_tree(tmp_path, repo_files):
-    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
-        runtime, job_env, gate_env = setup(tmp_path, "shared", repo_files, hub)
-        early = run("gate.sh", gate_env, runtime)
-        assert early.returncode != 0 and "has not completed" in early.stderr
-        job = run("prefetch.sh", job_env, runtime)
-        assert job.returncode == 0, job.stderr
-    marker = json.loads((Path(job_env["K3_TREE"]) / ".k3-verified.json").read_text())
-    assert marker["revision"] == GOOD_REVISION
-    gate = run("gate.sh", gate_env, runtime)                  # the Hub is gone: offline
-    assert gate.returncode == 0, gate.stderr
-    assert "weights verified" in gate.stdout
-    shard = sorted(p for p in Path(job_env["K3_TREE"]).iterdir() if p.suffix == ".safetensors")[0]
+def flip_a_byte(shard: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
-    bad = run("gate.sh", gate_env, runtime)
-    assert bad.returncode != 0 and "refusing to serve" in bad.stderr
-    assert shard.name in bad.stderr
+
+
+def shards(pod: Pod) -> list[Path]:
+    return sorted(p for p in pod.tree.iterdir() if p.suffix == ".safetensors")
+
+
+@pytest.mark.parametrize("mode", ["shared", "node-local"])
+def test_engine_starts_only_after_the_job_and_never_after_tampering(tmp_path, repo_files, mode):
+    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
+        runtime, job, serving = setup(tmp_path, repo_files, hub, f"weights.mode={mode}")
+        early = serving.start()
+        assert early.returncode != 0 and "prefetch has not completed" in early.stderr
+        assert vllm_starts(tmp_path) == 0 and hub.hits == []     # the pod never fetches
+        done = job.start()
+        assert done.returncode == 0, done.stderr
+    marker = json.loads((job.tree / ".k3-verified.json").read_text())
+    assert marker["revision"] == GOOD_REVISION
+    first = serving.start()                                      # the Hub is gone: offline
+    assert first.returncode == 0, first.stderr
+    assert "gate (warm) OK" in first.stdout and vllm_starts(tmp_path) == 1
+    flip_a_byte(shards(serving)[0])
+    restart = serving.start()                   # the container restarts (liveness, OOM)
+    assert restart.returncode != 0 and "vLLM does not start" in restart.stderr
+    assert shards(serving)[0].name in restart.stderr
+    assert vllm_starts(tmp_path) == 1
+
+
+def test_stamps_mode_restart_rehashes_nothing_unless_a_file_changed(tmp_path, repo_files):
+    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
+        _runtime, job, serving = setup(tmp_path, repo_files, hub, "weights.gateMode=stamps")
+        assert job.start().returncode == 0
+    first = serving.start()
+    assert first.returncode == 0, first.stderr
+    assert f"hashed {len(repo_files)} files" in first.stdout       # pod creation: full
+    again = serving.start()
+    assert again.returncode == 0 and f"{len(repo_files)} unchanged by stamp" in again.stdout
+    # A writer of the volume rewrites a shard and plants a stamp file beside the tree.
+    shard = shards(serving)[1]
+    flip_a_byte(shard)
+    lock = tree.load_lock(job.env["K3_LOCK"])[0]
+    (serving.tree / tree.STATE_NAME).write_text(json.dumps({"format": "k3-verify-state/1", "files": {
+        e.path: [*tree.stamp_of(os.lstat(serving.tree / e.path)), e.sha256] for e in lock.files}}))
+    bad = serving.start()
+    assert bad.returncode != 0 and shard.name in bad.stderr
+    assert vllm_starts(tmp_path) == 2
+
+
+def test_a_replaced_lock_tree_and_marker_do_not_start_the_engine(tmp_path, repo_files):
+    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
+        _runtime, job, serving = setup(tmp_path, repo_files, hub)
+        assert job.start().returncode == 0
+    flip_a_byte(shards(serving)[0])
+    theirs = verify.lock_from_dir(str(serving.tree), REPO, GOOD_REVISION, workers=2)
+    Path(job.env["K3_LOCK"]).write_text(tree.lock_to_json(theirs))
+    verify.write_marker(str(serving.tree), theirs, "0" * 64)
+    res = serving.start()
+    assert res.returncode != 0 and "not the pinned tree" in res.stderr
+    assert vllm_starts(tmp_path) == 0
+
+
+def test_an_edited_runtime_configmap_is_refused_before_it_runs(tmp_path, repo_files):
+    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
+        runtime, job, serving = setup(tmp_path, repo_files, hub)
+        assert job.start().returncode == 0
+    gate_py = runtime / "k3weights" / "gate.py"
+    gate_py.write_text(gate_py.read_text() + "\nrun_gate = lambda *a, **k: None\n")
+    res = serving.start()
+    assert res.returncode != 0 and "changed outside Pulumi" in res.stderr
+    assert "k3weights/gate.py" in res.stderr and vllm_starts(tmp_path) == 0
 
 
 def test_a_foreign_tree_is_refused_before_any_shard_is_fetched(tmp_path, repo_files):
     with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
-        runtime, job_env, gate_env = setup(tmp_path, "shared", repo_files, hub)
-        job_env["K3_EXPECT_TREE_DIGEST"] = "sha256:" + "ab" * 32      # the receipt's tree
-        job = run("prefetch.sh", job_env, runtime)
-        assert job.returncode != 0 and "not the measured tree" in job.stderr
-        assert not Path(job_env["K3_TREE"]).exists()                   # nothing downloaded
+        _runtime, job, _serving = setup(tmp_path, repo_files, hub)
+        job.env["K3_EXPECT_TREE_DIGEST"] = "sha256:" + "ab" * 32      # the receipt's tree
+        res = job.start()
+        assert res.returncode != 0 and "not the measured tree" in res.stderr
+        assert not job.tree.exists()                                   # nothing downloaded
         assert not [h for h in hub.hits if h.path.endswith(".safetensors")]
-    gate_env["K3_EXPECT_TREE_DIGEST"] = "sha256:" + "ab" * 32
-    gate = run("gate.sh", gate_env, runtime)
-    assert gate.returncode != 0 and "not the measured tree" in gate.stderr
-
-
-def test_node_local_gate_fetches_what_its_node_is_missing(tmp_path, repo_files):
-    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
-        runtime, _job_env, gate_env = setup(tmp_path, "node-local", repo_files, hub)
-        gate = run("gate.sh", gate_env, runtime)
-        assert gate.returncode == 0, gate.stderr
-        assert "fetching what is missing" in gate.stderr and "weights verified" in gate.stdout
-    for name in repo_files:
-        assert (Path(gate_env["K3_TREE"]) / name).read_bytes() == repo_files[name]
 
 
 def test_an_unusable_weights_root_fails_with_the_reason(tmp_path, repo_files):
     with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
-        runtime, job_env, _gate_env = setup(tmp_path, "node-local", repo_files, hub)
-        root = Path(job_env["K3_LOCK"]).parent
+        _runtime, job, _serving = setup(tmp_path, repo_files, hub, "weights.mode=node-local")
+        root = Path(job.env["K3_LOCK"]).parent
         root.parent.mkdir(parents=True)
         root.write_text("")            # not a directory: mkdir fails even for root
-        job = run("prefetch.sh", job_env, runtime)
-    assert job.returncode != 0
-    assert "is not writable by uid" in job.stderr and "docs/weights.md" in job.stderr
+        res = job.start()
+    assert res.returncode != 0
+    assert "is not writable by uid" in res.stderr and "docs/weights.md" in res.stderr

@@ -4,6 +4,7 @@ out of space, wrong lock; the marker only ever names a tree that matches."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -128,11 +129,12 @@ def test_killed_prefetch_resumes_in_a_new_process(big_hub, tmp_path):
     cmd = [sys.executable, "-m", "k3weights", "prefetch", "--lock", str(lock_file), "--dest", str(dest)]
     big_hub.faults.stall[BIG] = CHUNK + 5000
     first = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    partial = Path(prefetch.partial_path(str(dest), lock_of(big_hub.files, big_hub.commit).by_path[BIG]))
+    staging = Path(prefetch.staging_path(str(dest)))      # a new tree lands here first
+    partial = Path(prefetch.partial_path(str(staging), lock_of(big_hub.files, big_hub.commit).by_path[BIG]))
     deadline = time.monotonic() + 60
     others = [p for p in big_hub.files if p != BIG]
     while time.monotonic() < deadline:
-        done = all((dest / p).exists() for p in others)
+        done = all((staging / p).exists() for p in others)
         if done and partial.exists() and partial.stat().st_size >= CHUNK:
             break
         time.sleep(0.05)
@@ -141,7 +143,7 @@ def test_killed_prefetch_resumes_in_a_new_process(big_hub, tmp_path):
         pytest.fail(f"the first prefetch never got half-way: {first.communicate()}")
     first.send_signal(signal.SIGKILL)
     first.communicate()
-    assert not (dest / tree.MARKER_NAME).exists()
+    assert not dest.exists() and not (staging / tree.MARKER_NAME).exists()
     big_hub.faults.stall.clear()
     big_hub.faults.released.set()
     gets_before = fetched(big_hub)
@@ -323,7 +325,7 @@ def test_xet_backed_files(tmp_path, monkeypatch, xet_installed):
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
         dest = tmp_path / "dest"
         lock = lock_of(hub.files, hub.commit)
-        fetcher = prefetch._Fetcher(lock, str(dest), None, None)
+        fetcher = prefetch._Fetcher(lock, prefetch.staging_path(str(dest)), None, None)
         assert fetcher.xet is False
         fetcher.xet = xet_installed
         report = run(hub, dest, lock=lock, fetcher=fetcher)
@@ -339,9 +341,8 @@ def test_second_prefetch_on_the_same_tree_waits_for_the_first(hub, tmp_path):
     import threading
 
     dest = tmp_path / "dest"
-    dest.mkdir()
-    holder = os.open(dest, os.O_RDONLY)
-    fcntl.flock(holder, fcntl.LOCK_EX)                 # another prefetch (e.g. the node's Job)
+    holder = os.open(tmp_path, os.O_RDONLY)            # the lock is on the tree's parent
+    fcntl.flock(holder, fcntl.LOCK_EX)                 # another prefetch (a retried Job pod)
     result: dict = {}
     worker = threading.Thread(target=lambda: result.setdefault("report", run(hub, dest)))
     worker.start()
@@ -380,7 +381,8 @@ def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_
             state["downloading"] += 1
         try:
             time.sleep(0.05)
-            (dest / entry.path).write_bytes(files[entry.path])
+            # A new tree lands in the staging directory, renamed into place at the end.
+            (Path(prefetch.staging_path(str(dest))) / entry.path).write_bytes(files[entry.path])
         finally:
             with guard:
                 state["downloading"] -= 1
@@ -408,3 +410,98 @@ def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_
     assert any(d > 0 for d, _ in seen)                   # hashing did overlap the downloads
     assert max(h for d, h in seen if d == 0) > 1, seen   # and used every thread afterwards
     assert report.hash_cpu_seconds >= 0 and "hashing CPU" in report.summary()
+
+
+# ---- issue 21: trust, staging, flock, backoff ------------------------------------------
+
+def test_prefetch_rehashes_a_tampered_file_despite_a_forged_stamp(hub, tmp_path):
+    """Issue 21, reproduced: rewrite a verified file, write its new stamp where older
+    versions read stamps, re-run the prefetch. It used to count the file as verified and
+    write a fresh marker; now it re-hashes, deletes and fetches the file again."""
+    dest = tmp_path / "dest"
+    assert run(hub, dest).ok
+    shard = dest / "model-00003-of-00004.safetensors"
+    shard.write_bytes(os.urandom(shard.stat().st_size))
+    lock = lock_of(hub.files, hub.commit)
+    (dest / tree.STATE_NAME).write_text(json.dumps({"format": "k3-verify-state/1", "files": {
+        e.path: [*tree.stamp_of(os.lstat(dest / e.path)), e.sha256] for e in lock.files}}))
+    hub.clear_hits()
+    report = run(hub, dest)
+    assert report.ok, report.problems
+    assert fetched(hub) == {shard.name: 1}
+    assert report.reused_files == len(hub.files) - 1
+    assert not (dest / tree.STATE_NAME).exists()              # the forgery is removed
+    assert_verified(hub, dest)
+
+
+def test_a_new_revision_is_staged_beside_the_old_tree_then_renamed(hub, tmp_path, monkeypatch):
+    old = tmp_path / "repo" / "a"
+    assert run(hub, old).ok
+    new_files = dict(hub.files, **{"config.json": b'{"revision": 2}\n'})
+    with LoopbackHub(REPO, new_files) as hub2:
+        monkeypatch.setenv("HF_ENDPOINT", hub2.endpoint)
+        new = tmp_path / "repo" / "b"
+        lines: list[str] = []
+        report = prefetch.prefetch(lock_of(new_files, hub2.commit), "0" * 64, str(new),
+                                   emit=lines.append, interval=0.2)
+        assert report.ok, report.problems
+        assert report.dest == str(new)
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["a", "b"]   # staging gone
+    assert verify.verify_tree(str(old), lock_of(hub.files, hub.commit)).ok
+    assert verify.verify_tree(str(new), lock_of(new_files, hub2.commit)).ok
+
+
+def test_a_filesystem_without_flock_is_refused(hub, tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    report = run(hub, tmp_path / "dest")
+    assert not report.ok and report.marker is None
+    assert "cannot flock" in str(report.problems[0])
+    assert hub.hits == [] and not (tmp_path / "dest").exists()
+
+
+class _HttpError(Exception):
+    def __init__(self, headers):
+        super().__init__("429 Too Many Requests")
+        self.response = type("R", (), {"headers": headers})()
+
+
+def test_backoff_honours_retry_after_else_grows_exponentially():
+    assert prefetch.backoff_seconds(_HttpError({"Retry-After": "7"}), 1) == 7.0
+    assert prefetch.backoff_seconds(_HttpError({"Retry-After": "86400"}), 1) == \
+        prefetch.RETRY_AFTER_CAP_SECONDS
+    import email.utils
+
+    later = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= prefetch.backoff_seconds(_HttpError({"Retry-After": later}), 1) <= 30
+    for attempt, ceiling in ((1, 2.0), (2, 4.0), (3, 8.0), (10, 60.0)):
+        waits = [prefetch.backoff_seconds(OSError("reset"), attempt) for _ in range(50)]
+        assert all(ceiling / 2 <= w <= ceiling for w in waits), (attempt, waits)
+
+
+def test_a_prefetch_that_waited_finds_the_tree_the_other_renamed_into_place(hub, tmp_path):
+    import fcntl
+    import threading
+
+    assert run(hub, tmp_path / "src").ok               # a verified tree to "land" later
+    hub.clear_hits()
+    dest = tmp_path / "dest"
+    holder = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)                 # the other prefetch is running
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.setdefault("report", run(hub, dest)))
+    worker.start()
+    worker.join(timeout=1.0)
+    assert worker.is_alive()
+    shutil.copytree(tmp_path / "src", dest)             # ...and renames its tree into place
+    os.close(holder)
+    worker.join(timeout=60)
+    report = result["report"]
+    assert report.ok and report.downloaded_files == 0 and report.dest == str(dest)
+    assert not (tmp_path / prefetch.STAGING_DIR).exists()
+    assert fetched(hub) == {}

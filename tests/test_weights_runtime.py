@@ -90,7 +90,11 @@ def test_runtime_runs_as_another_top_level_package(tmp_path):
         assert "prefetch OK" in res.stdout
     gate = k3weights("verify", str(dest), "--lock", str(lock_file), "--require-marker")
     assert gate.returncode == 0, gate.stderr
-    assert f"{len(files)} unchanged by stamp" in gate.stdout
+    assert f"hashed {len(files)} files" in gate.stdout      # never trusts stamps
+    gate = k3weights("gate", str(dest), "--lock", str(lock_file), "--expect-digest",
+                     lock.tree_digest, "--repo", "o/m", "--revision", REV, "--workers", "2")
+    assert gate.returncode == 0, gate.stderr
+    assert f"gate (warm) OK: {len(files)} files" in gate.stdout
     (dest / "config.json").write_text("{}")
     gate = k3weights("verify", str(dest), "--lock", str(lock_file), "--require-marker")
     assert gate.returncode == 1 and "config.json: truncated" in gate.stderr

@@ -1,6 +1,8 @@
 """The weights side of a rendered stack: the shipped lock (k3:weights.lockFile) is
-checked at program start and reaches the pods unchanged; the prefetch Job, the gating
-init container and the StatefulSet's dependency on the Job exist in both storage modes."""
+checked at program start and reaches the pods unchanged; the prefetch Job(s), the gate in
+the serving container and the StatefulSet's dependency on the Job exist in both storage
+modes; every weights container holds the tree to a pinned digest in every profile;
+node-local mode uses local PersistentVolumes, so the namespace stays `restricted`."""
 import json
 
 import pytest
@@ -8,7 +10,7 @@ import pytest
 from k3infra.config import ConfigError
 from k3infra.weights import tree
 
-from conftest import GOOD_REVISION, container, manifest, render
+from conftest import GOOD_REVISION, container, manifest, render, runtime_configmap
 
 PIN = f"weightsRevision={GOOD_REVISION}"
 
@@ -26,19 +28,119 @@ def write_lock(path, revision=GOOD_REVISION, tamper=False):
     return lock
 
 
-@pytest.mark.parametrize("mode", ["shared", "node-local"])
-def test_each_mode_has_the_job_the_gate_and_the_dependency(mode):
+def weights_containers(r):
+    """Every container that holds the weights to a digest (K3_TREE in its env)."""
+    out = []
+    for m in r.manifests():
+        spec = m.get("spec", {})
+        spec = spec.get("jobTemplate", {}).get("spec", spec)
+        pod = spec.get("template", {}).get("spec", {})
+        for c in pod.get("initContainers", []) + pod.get("containers", []):
+            if any(e["name"] == "K3_TREE" for e in c.get("env", [])):
+                out.append((m["kind"], m["metadata"]["name"], c))
+    return out
+
+
+def env_of(c):
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+@pytest.mark.parametrize("mode,job", [("shared", "kimi-k3-weights-prefetch"),
+                                      ("node-local", "kimi-k3-weights-prefetch-0")])
+def test_each_mode_has_the_job_the_gate_and_the_dependency(mode, job):
     r = render("existing", PIN, f"weights.mode={mode}")
-    job = manifest(r, "Job", "kimi-k3-weights-prefetch")
-    assert "prefetch.sh" in job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    job_m = manifest(r, "Job", job)
+    assert "prefetch.sh" in job_m["spec"]["template"]["spec"]["containers"][0]["command"][-1]
     pod = manifest(r, "StatefulSet")["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["initContainers"]] == ["weights-gate"]
-    assert "gate.sh" in pod["initContainers"][0]["command"][-1]
+    assert "initContainers" not in pod
+    vllm = container(r)
+    # The gate is the serving container's own entrypoint: it runs on every start of the
+    # container, liveness and OOM restarts included, then execs vLLM.
+    assert vllm["command"][:2] == ["sh", "-c"] and vllm["command"][-2:] == ["vllm", "serve"]
+    assert "gate" in vllm["command"][2] and vllm["command"][2].endswith('exec "$@"')
+    env = env_of(vllm)
+    assert env["K3_GATE_MODE"] == "warm" and env["K3_TREE"] == vllm["args"][0]
+    weights = next(m for m in vllm["volumeMounts"] if m["name"] == "weights")
+    assert weights["readOnly"] is True
     by_name = {x["name"]: x for x in r.resources}
-    assert by_name["kimi-k3-weights-job"]["urn"] in by_name["kimi-k3-serving-statefulset"]["dependsOn"]
-    env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
-    assert env["K3_WEIGHTS_MODE"] == mode
+    job_res = next(x for x in r.resources if x["type"].endswith("batch/v1:Job")
+                   and x["name"].startswith("kimi-k3-weights-job"))
+    assert job_res["urn"] in by_name["kimi-k3-serving-statefulset"]["dependsOn"]
     assert container(r)["env"][0]["name"] == "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def test_node_local_uses_local_volumes_and_keeps_the_namespace_restricted():
+    r = render("existing", PIN, "weights.mode=node-local", "replicas=2")
+    ns = manifest(r, "Namespace", "kimi-k3")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for m in r.manifests():
+        assert "hostPath" not in json.dumps(m), f"{m['kind']} {m['metadata']['name']}"
+    for i in range(2):
+        pvc = manifest(r, "PersistentVolumeClaim", f"weights-kimi-k3-{i}")
+        assert pvc["spec"]["storageClassName"] == "k3-local-nvme"
+        assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+        job = manifest(r, "Job", f"kimi-k3-weights-prefetch-{i}")["spec"]["template"]["spec"]
+        claim = next(v for v in job["volumes"] if v["name"] == "weights")
+        assert claim["persistentVolumeClaim"]["claimName"] == f"weights-kimi-k3-{i}"
+    sts = manifest(r, "StatefulSet")
+    templates = {t["metadata"]["name"]: t for t in sts["spec"]["volumeClaimTemplates"]}
+    assert templates["weights"]["spec"]["storageClassName"] == "k3-local-nvme"
+    assert "weights" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_serving_pods_hold_no_hf_token_and_reach_no_hub_in_either_mode(tmp_path):
+    for mode in ("shared", "node-local"):
+        r = render("existing", PIN, f"weights.mode={mode}", "hfToken=hf_x")
+        assert "HF_TOKEN" not in env_of(container(r))
+        pol = manifest(r, "NetworkPolicy", "kimi-k3-serving")
+        ports = {p["port"] for rule in pol["spec"]["egress"] for p in rule.get("ports", [])}
+        assert 443 not in ports, mode
+        jobs = [m for m in r.manifests() if m["kind"] == "Job"
+                and m["metadata"]["name"].startswith("kimi-k3-weights-prefetch")]
+        assert all("HF_TOKEN" in env_of(j["spec"]["template"]["spec"]["containers"][0])
+                   for j in jobs)
+
+
+@pytest.mark.parametrize("gate_mode", ["warm", "stamps"])
+def test_render_shows_the_gate_mode(gate_mode):
+    from k3infra.config import parse_stack_config
+    from k3infra.summary import summary_rows
+
+    r = render("existing", PIN, f"weights.gateMode={gate_mode}")
+    assert env_of(container(r))["K3_GATE_MODE"] == gate_mode
+    from k3infra.receipt import load_receipt
+
+    cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=load_receipt())
+    rows = dict(summary_rows(cfg, r, load_receipt()))
+    assert rows["weights gate"].startswith(f"{gate_mode}: full read-and-hash of 1561.0 GB")
+
+
+def test_runtime_digests_in_the_pod_spec_are_those_of_the_configmap():
+    import hashlib
+
+    r = render("existing", PIN)
+    cm = runtime_configmap(r)
+    sts = manifest(r, "StatefulSet")
+    vol = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights-runtime")
+    pins = json.loads(env_of(container(r))["K3_RUNTIME_SHA256"])
+    assert pins == {item["path"]: hashlib.sha256(cm["data"][item["key"]].encode()).hexdigest()
+                    for item in vol["configMap"]["items"]}
+    assert "K3_RUNTIME_BOOTSTRAP" not in json.dumps(cm)         # not editable with the ConfigMap
+    assert cm["immutable"] is True
+    tag = hashlib.sha256(env_of(container(r))["K3_RUNTIME_SHA256"].encode()).hexdigest()[:8]
+    assert cm["metadata"]["name"] == f"kimi-k3-weights-runtime-{tag}"
+
+
+def test_audit_cronjob_reads_read_only_and_can_be_disabled():
+    r = render("existing", PIN)
+    cron = manifest(r, "CronJob", "kimi-k3-audit")
+    assert cron["spec"]["schedule"] == "30 4 * * 0"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "gate" in c["command"][2] and env_of(c)["K3_GATE_MODE"] == "warm"
+    assert next(m for m in c["volumeMounts"] if m["name"] == "weights")["readOnly"] is True
+    r = render("existing", PIN, "weights.auditSchedule=disabled")
+    assert not [m for m in r.manifests() if m["kind"] == "CronJob"]
 
 
 def test_a_shipped_lock_of_another_tree_is_refused_unless_custom(tmp_path, receipt):
@@ -49,12 +151,14 @@ def test_a_shipped_lock_of_another_tree_is_refused_unless_custom(tmp_path, recei
     assert str(info.value).startswith("k3:weights.lockFile")
     assert "not the measured tree" in str(info.value) and receipt.model.tree_digest in str(info.value)
     r = render("existing", PIN, f"weights.lockFile={path}", "profile=custom")
-    cm = manifest(r, "ConfigMap", "kimi-k3-weights-runtime")
+    cm = runtime_configmap(r)
     assert cm["data"]["lock.json"] == path.read_text()           # shipped unchanged
     assert json.loads(cm["data"]["lock.json"])["tree_digest"] == lock.tree_digest
-    job_env = {e["name"] for e in manifest(r, "Job", "kimi-k3-weights-prefetch")["spec"][
-        "template"]["spec"]["containers"][0]["env"]}
-    assert "K3_EXPECT_TREE_DIGEST" not in job_env                 # custom: another tree
+    # custom serves another tree, but still the one the stack pins: its own lock's.
+    found = weights_containers(r)
+    assert {k for k, _n, _c in found} == {"Job", "StatefulSet", "CronJob"}
+    for _kind, _name, c in found:
+        assert env_of(c)["K3_EXPECT_TREE_DIGEST"] == lock.tree_digest
 
 
 def test_a_lock_of_another_revision_is_refused(tmp_path):
@@ -73,11 +177,20 @@ def test_a_hand_edited_lock_is_refused(tmp_path):
 
 def test_without_a_lock_the_pods_check_the_receipt_digest(receipt):
     r = render("existing", PIN)
-    cm = manifest(r, "ConfigMap", "kimi-k3-weights-runtime")
+    cm = runtime_configmap(r)
     assert "lock.json" not in cm["data"]
-    for obj in (manifest(r, "Job", "kimi-k3-weights-prefetch"), manifest(r, "StatefulSet")):
-        spec = obj["spec"]["template"]["spec"]
-        c = (spec.get("initContainers") or spec["containers"])[0]
-        env = {e["name"]: e.get("value") for e in c["env"]}
-        assert env["K3_EXPECT_TREE_DIGEST"] == receipt.model.tree_digest
-        assert env["K3_REVISION"] == GOOD_REVISION
+    for profile in ("measured", "custom"):
+        r = render("existing", PIN, f"profile={profile}")
+        found = weights_containers(r)
+        assert {k for k, _n, _c in found} == {"Job", "StatefulSet", "CronJob"}
+        for _kind, _name, c in found:
+            env = env_of(c)
+            assert env["K3_EXPECT_TREE_DIGEST"] == receipt.model.tree_digest
+            assert env["K3_REVISION"] == GOOD_REVISION
+
+
+def test_the_gate_env_is_exactly_what_the_serve_flags_policy_lets_through():
+    from k3infra.weights.manifests import GATE_ENV_NAMES
+
+    names = {e["name"] for e in container(render("existing", PIN))["env"]}
+    assert {n for n in names if n.startswith("K3_")} == set(GATE_ENV_NAMES)

@@ -1,5 +1,6 @@
-"""The verifier: exact match or every offending path named; stamps make a warm re-verify
-read nothing, and any change (even with the mtime restored) is re-hashed."""
+"""The verifier: exact match or every offending path named; no stamp on the volume is ever
+trusted (the forged-stamp attack of issue 21 is refused); a caller's own stamps skip only
+unchanged files, and any change (even with the mtime restored) is re-hashed."""
 from __future__ import annotations
 
 import json
@@ -120,34 +121,63 @@ def test_symlinked_directory_escaping_the_tree_is_refused(shard_tree, tmp_path):
     assert found["original/params.json"] == "missing"    # not followed through the link
 
 
-def test_warm_reverify_reads_no_file(shard_tree, hash_calls):
+def forge_stamp_file(root, lock):
+    """What an attacker with write access to the volume writes: the stamp file older
+    versions trusted, with every file's current stamp and the lock's digests."""
+    files = {e.path: [*tree.stamp_of(os.lstat(root / e.path)), e.sha256] for e in lock.files}
+    (root / tree.STATE_NAME).write_text(json.dumps({"format": "k3-verify-state/1",
+                                                    "files": files}))
+
+
+def test_stamps_on_the_volume_are_never_read(shard_tree, hash_calls):
     root, lock = shard_tree
-    assert verify.verify_tree(str(root), lock).ok
-    assert len(hash_calls) == len(lock.files)
-    state = json.loads((root / tree.STATE_NAME).read_text())
-    assert set(state["files"]) == set(lock.by_path)
-    hash_calls.clear()
+    forge_stamp_file(root, lock)
     report = verify.verify_tree(str(root), lock)
+    assert report.ok and report.stamped_files == 0
+    assert len(hash_calls) == len(lock.files)
+
+
+def test_forged_stamp_attack_is_refused_by_verify_require_marker(shard_tree, tmp_path):
+    """Issue 21, reproduced: a verified tree with its marker; rewrite a shard, then write
+    its new stamp. `verify --require-marker` used to pass on the forged stamp."""
+    root, lock = shard_tree
+    lock_file = tmp_path / "lock.json"
+    lock_file.write_text(tree.lock_to_json(lock))
+    verify.write_marker(str(root), lock, "0" * 64)
+    assert run_runtime("verify", str(root), "--lock", str(lock_file), "--require-marker").returncode == 0
+    shard = root / "model-00002.safetensors"
+    shard.write_bytes(os.urandom(shard.stat().st_size))     # same size, other bytes
+    forge_stamp_file(root, lock)
+    res = run_runtime("verify", str(root), "--lock", str(lock_file), "--require-marker")
+    assert res.returncode == 1
+    assert "model-00002.safetensors: wrong hash" in res.stderr
+
+
+def test_verify_writes_nothing_in_the_tree(shard_tree):
+    root, lock = shard_tree
+    before = sorted(p.name for p in root.iterdir())
+    assert verify.verify_tree(str(root), lock).ok
+    assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_callers_own_stamps_skip_only_unchanged_files(shard_tree, hash_calls):
+    root, lock = shard_tree
+    first = verify.verify_tree(str(root), lock)
+    assert first.ok and set(first.good) == set(lock.by_path)
+    hash_calls.clear()
+    report = verify.verify_tree(str(root), lock, stamps=first.good)
     assert report.ok and hash_calls == []
     assert report.stamped_files == len(lock.files) and report.hashed_files == 0
-
-
-def test_touched_file_is_rehashed_and_full_rehashes_all(shard_tree, hash_calls):
-    root, lock = shard_tree
-    assert verify.verify_tree(str(root), lock).ok
-    hash_calls.clear()
     os.utime(root / "config.json")
-    report = verify.verify_tree(str(root), lock)
+    report = verify.verify_tree(str(root), lock, stamps=first.good)
     assert report.ok
     assert [os.path.relpath(p, root) for p in hash_calls] == ["config.json"]
-    hash_calls.clear()
-    assert verify.verify_tree(str(root), lock, full=True).ok
-    assert len(hash_calls) == len(lock.files)
 
 
 def test_rewrite_with_restored_mtime_is_caught_by_ctime(shard_tree):
     root, lock = shard_tree
-    assert verify.verify_tree(str(root), lock).ok
+    first = verify.verify_tree(str(root), lock)
+    assert first.ok
     shard = root / "model-00005.safetensors"
     st = shard.stat()
     data = bytearray(shard.read_bytes())
@@ -156,34 +186,18 @@ def test_rewrite_with_restored_mtime_is_caught_by_ctime(shard_tree):
         fh.write(bytes(data[:1]))
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert shard.stat().st_mtime_ns == st.st_mtime_ns
-    found = problems(verify.verify_tree(str(root), lock))
+    found = problems(verify.verify_tree(str(root), lock, stamps=first.good))
     assert list(found) == ["model-00005.safetensors"]
     assert found["model-00005.safetensors"].startswith("wrong hash")
 
 
 def test_stamp_for_another_hash_is_not_trusted(shard_tree, hash_calls):
     root, lock = shard_tree
-    assert verify.verify_tree(str(root), lock).ok
-    state_path = root / tree.STATE_NAME
-    state = json.loads(state_path.read_text())
-    state["files"]["config.json"][4] = "0" * 64
-    state_path.write_text(json.dumps(state))
+    good = dict(verify.verify_tree(str(root), lock).good)
+    good["config.json"] = (*good["config.json"][:4], "0" * 64)
     hash_calls.clear()
-    assert verify.verify_tree(str(root), lock).ok
+    assert verify.verify_tree(str(root), lock, stamps=good).ok
     assert [os.path.relpath(p, root) for p in hash_calls] == ["config.json"]
-
-
-def test_read_only_tree_still_verifies_without_writing_stamps(shard_tree, monkeypatch):
-    root, lock = shard_tree
-
-    def read_only(path, data):
-        raise OSError(30, "Read-only file system")
-
-    monkeypatch.setattr(tree, "atomic_write", read_only)
-    report = verify.verify_tree(str(root), lock)
-    assert report.ok
-    assert "Read-only file system" in report.state_note
-    assert not (root / tree.STATE_NAME).exists()
 
 
 def test_marker_and_state_are_not_extra_files(shard_tree):
@@ -255,7 +269,7 @@ def test_runtime_cli_require_marker_fails_fast_without_reading(shard_tree, tmp_p
     lock_file.write_text(tree.lock_to_json(lock))
     res = run_runtime("verify", str(root), "--lock", str(lock_file), "--require-marker")
     assert res.returncode == 1 and "not a verified tree" in res.stderr
-    assert not (root / tree.STATE_NAME).exists()          # nothing was hashed
+    assert "hashed" not in res.stdout                      # failed before reading a shard
     verify.write_marker(str(root), lock, "0" * 64)
     res = run_runtime("verify", str(root), "--lock", str(lock_file), "--require-marker")
     assert res.returncode == 0, res.stderr

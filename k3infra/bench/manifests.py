@@ -149,7 +149,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
     The serving pods' weights gate runs first (the tokenizer is read from the same
     tree), the weights are mounted read-only, and no remote code is trusted."""
     weight_mounts = [dict(m, readOnly=True) for m in weights.main_mounts]
-    weight_volumes = list(weights.volumes)
+    weight_volumes = list(weights.reader_volumes)      # the weights, and the gate's runtime
     env = [{"name": "OPENAI_API_KEY",     # vllm bench serve sends it as a Bearer token
             "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
            {"name": "K3_ENGINE_IMAGE", "value": image},
@@ -174,7 +174,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
         **_gpu_node_placement(cfg, serving_selector, labels["app.kubernetes.io/instance"]),
-        "initContainers": list(weights.init_containers),
+        "initContainers": list(weights.reader_init_containers),
         "containers": [container],
         "volumes": [*weight_volumes,
                     {"name": "bench-runtime", "configMap": {

@@ -61,7 +61,11 @@ class ReceiptInputs:
         model, flags = parse_serve(serve_argv(c))
         if model is None:
             raise ReceiptWriteError("the serving container does not run `vllm serve <model>`")
-        env = tuple((e["name"], e["value"]) for e in c.get("env") or [] if "value" in e)
+        from k3infra.weights.manifests import GATE_ENV_NAMES
+
+        # The weights gate's variables are read before `exec vllm serve`, not by vLLM.
+        env = tuple((e["name"], e["value"]) for e in c.get("env") or []
+                    if "value" in e and e["name"] not in GATE_ENV_NAMES)
         return replace(self, serve_flags=tuple(flags), serve_env=env)
 
     def with_lock(self, lock: dict) -> "ReceiptInputs":

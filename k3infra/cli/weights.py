@@ -1,7 +1,7 @@
 """`k3infra weights lock|verify|prefetch`: thin wrappers over the pod runtime.
 
-`verify` runs as an init container on every serving pod start, so this module imports
-nothing heavy at load time and the verify path never loads pulumi, pydantic or yaml;
+The pods run the same runtime as `python3 -m k3weights`; this module imports nothing
+heavy at load time and the verify path never loads pulumi, pydantic or yaml;
 `rich` only dresses the output when a person is watching (a TTY).
 Exit status: 0 success; 1 verification or prefetch failed (every bad path on stderr);
 2 bad input (k3infra.cli.UsageError).
@@ -116,9 +116,7 @@ def _verify(args: argparse.Namespace) -> int:
         if problem:
             return out.problems(f"{args.dir} is not a verified tree",
                                 [tree.Problem(tree.MARKER_NAME, problem)])
-    report = verify.verify_tree(args.dir, lock, full=args.full, workers=args.workers, emit=out.line)
-    if report.state_note:
-        print(f"k3infra weights: note: {report.state_note}", file=sys.stderr)
+    report = verify.verify_tree(args.dir, lock, workers=args.workers, emit=out.line)
     out.line(report.summary(), "green" if report.ok else "red")
     if not report.ok:
         return out.problems(f"verify FAILED: {len(report.problems)} offending path(s) in {args.dir} "
@@ -131,6 +129,9 @@ def _prefetch(args: argparse.Namespace) -> int:
 
     out = _Out()
     lock, lock_sha = _load(args.lock)
+    if args.expect_digest and lock.tree_digest != args.expect_digest:
+        return out.problems(f"not the measured tree: {args.lock} describes {lock.tree_digest}, "
+                            f"expected {args.expect_digest}", [])
     try:
         report = prefetch.prefetch(lock, lock_sha, args.dest, workers=args.workers,
                                    download_workers=args.max_download_workers,

@@ -83,22 +83,54 @@ class ServingConfig(_Section):
         return self
 
 
+# node-local weights live under one of these host prefixes only: the node pools mount
+# local NVMe there, and a root elsewhere (/, /etc, /var/lib/kubelet...) would hand the
+# weights volume's writers a system directory.
+NODE_LOCAL_ROOT_PREFIXES = ("/mnt/", "/var/lib/k3infra/")
+
+
 class WeightsConfig(_Section):
     """Where the weights live and how they get there (k3:weights)."""
 
     mode: Literal["shared", "node-local"] = "shared"
     lock_file: Optional[str] = Field(default=None, alias="lockFile")
     storage_class: Optional[str] = Field(default=None, alias="storageClass")
-    size_gi: int = Field(default=1700, ge=1, alias="sizeGi")
+    # Two trees: a revision change fetches the new tree beside the old one (staging
+    # directory, renamed into place) before the old one is cleaned up (docs/weights.md).
+    size_gi: int = Field(default=3200, ge=1, alias="sizeGi")
     node_local_root: str = Field(default="/mnt/k3-weights", alias="nodeLocalRoot")
+    # node-local: the StorageClass of the per-node local PersistentVolumes (each with
+    # node affinity to its node); docs/weights.md names what creates the PVs.
+    local_storage_class: str = Field(default="k3-local-nvme", alias="localStorageClass")
     # Expected Hub download bandwidth in GB/s: sizes the prefetch Job's timeout.
     download_gbps: float = Field(default=0.5, gt=0, alias="downloadGBps")
+    # The check before every engine start: warm = full read-and-hash (warms the page
+    # cache for the load); stamps = full at pod creation, then this pod's own stamps on
+    # container restarts (nodes whose RAM cannot hold the tree).
+    gate_mode: Literal["warm", "stamps"] = Field(default="warm", alias="gateMode")
+    # A full re-verify of every copy on this cron schedule (a CronJob, read-only mount);
+    # "disabled" turns it off.
+    audit_schedule: Optional[str] = Field(default="30 4 * * 0", alias="auditSchedule")
 
     @field_validator("node_local_root")
     @classmethod
     def _abs_root(cls, v: str) -> str:
         if not v.startswith("/") or ".." in v.split("/"):
             raise ValueError("must be an absolute path without '..'")
+        if not any(v.rstrip("/").startswith(p) and len(v.rstrip("/")) > len(p)
+                   for p in NODE_LOCAL_ROOT_PREFIXES):
+            raise ValueError(f"must be a directory under {' or '.join(NODE_LOCAL_ROOT_PREFIXES)} "
+                             "(where the node pools mount local NVMe)")
+        return v.rstrip("/")
+
+    @field_validator("audit_schedule")
+    @classmethod
+    def _cron(cls, v: Optional[str]) -> Optional[str]:
+        if v is None or v == "disabled":
+            return None
+        if len(v.split()) != 5:
+            raise ValueError("must be a 5-field cron schedule (minute hour day month weekday) "
+                             "or 'disabled'")
         return v
 
 

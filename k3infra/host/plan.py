@@ -29,7 +29,6 @@ from k3infra.serving import proxy
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import manifests as weights
 
-RUNTIME_MOUNT = weights.RUNTIME_DIR  # the runtime package and pod scripts, as files
 SERVER = "vllm"                      # the serving container's role (Compose service name)
 # vLLM and NCCL pin host memory and open many files; the NVIDIA container guidance.
 ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
@@ -50,12 +49,10 @@ PROXY_START = (
     'umask 077; printf \'"~^Bearer %s$" 1;\\n\' '
     '"$(printf %s "$VLLM_API_KEY" | sed \'s/[.+]/\\\\&/g\')" > ' + PROXY_KEYS_FILE + '; '
     'exec nginx -e stderr -c "$0" -g "daemon off;"')
-# The gate, then vLLM (exec: vLLM gets the container's signals). Every start of the
-# container, restarts included, goes through the gate.
-# PYTHONPATH (the runtime package) is set for the gate alone: vLLM's import path is the
-# image's, and vLLM reads no K3_* variable.
-GATE_THEN_SERVE = ('PYTHONPATH="$K3_RUNTIME_DIR" sh "$K3_RUNTIME_DIR"/gate.sh '
-                   '&& exec vllm serve "$@"')
+# The server's entrypoint is the pods' (weights.GATE_SCRIPT): the bootstrap checks the
+# runtime files, the gate checks the tree (k3:weights.gateMode), then `exec vllm serve`.
+# Every start of the container, restarts included, goes through the gate.
+GATE_ARGV0 = "k3-gate"
 
 
 @dataclass(frozen=True)
@@ -137,25 +134,6 @@ def check_host_engine(cfg: StackConfig) -> None:
                           "(k3:engineImage = <repository>@sha256:<64 hex>) or local")
 
 
-def runtime_files() -> dict[str, str]:
-    """The `k3weights` runtime and pod scripts at the paths the pods mount them."""
-    from k3infra.weights import RUNTIME_FILES
-
-    data = weights.runtime_files()
-    files = {f"{RUNTIME_MOUNT}/{weights.RUNTIME_PACKAGE}/{n}":
-             data[f"{weights.RUNTIME_PACKAGE}.{n}"] for n in RUNTIME_FILES}
-    files.update({f"{RUNTIME_MOUNT}/{s}": data[s] for s in weights.POD_SCRIPTS})
-    return files
-
-
-def _weights_env(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
-    env = weights.runtime_env(receipt, cfg)
-    # The prefetch container completes before the server is created: the gate only
-    # verifies (shared mode) and never downloads in the serving container.
-    env["K3_WEIGHTS_MODE"] = "shared"
-    return env
-
-
 def endpoint(cfg: StackConfig) -> str:
     h = cfg.host
     address = "127.0.0.1" if h.network_mode == "host" else h.publish_address
@@ -170,15 +148,13 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
     check_host_engine(cfg)
     h, s = cfg.host, cfg.serving
     lay = weights.layout(receipt, cfg)
-    files = runtime_files()
-    if lock_text is not None:
-        files[f"{RUNTIME_MOUNT}/{weights.LOCK_KEY}"] = lock_text
-    wenv = _weights_env(receipt, cfg)
+    files = weights.runtime_file_map(lock_text)
     tmp = Mount("", "/tmp", kind="tmpfs")
 
     prefetch = HostContainer(
-        name="prefetch", image=image, command=["sh", f"{RUNTIME_MOUNT}/prefetch.sh"],
-        env=wenv, secret_env=[HF_TOKEN_ENV] if cfg.hf_token is not None else [],
+        name="prefetch", image=image, command=["sh", "-c", weights.PREFETCH_SCRIPT],
+        env=weights.prefetch_env_map(receipt, cfg, lock_text),
+        secret_env=[HF_TOKEN_ENV] if cfg.hf_token is not None else [],
         files=files, mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT), tmp],
         one_shot=True)
 
@@ -188,7 +164,7 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
     env = {e["name"]: e["value"] for e in serving.serve_env(receipt, cfg, budget, "")
            if "value" in e}
     # The gate's inputs: only K3_* names (the serve-flags policy lets exactly these by).
-    env.update({k: v for k, v in wenv.items() if k.startswith("K3_")})
+    env.update(weights.gate_env_map(receipt, cfg, lock_text))
     health_url = f"http://{serving.ENGINE_HOST}:{s.engine_port}/health"
     ports = [] if h.network_mode == "host" else [
         Port(h.publish_address, s.port, s.port),
@@ -196,10 +172,13 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
         Port("127.0.0.1", s.metrics_port, s.metrics_port)]
     vllm = HostContainer(
         name=SERVER, image=image,
-        command=["sh", "-c", GATE_THEN_SERVE, "vllm-serve", *args],
+        command=["sh", "-c", weights.GATE_SCRIPT, GATE_ARGV0, "vllm", "serve", *args],
         env=env, secret_env=[API_KEY_ENV], files=files,
         mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT, read_only=True),
-                Mount(cache_volume(instance), serving.CACHE_ROOT, kind="volume"), tmp],
+                Mount(cache_volume(instance), serving.CACHE_ROOT, kind="volume"), tmp,
+                # stamps mode's record: per container start (a tmpfs), so a restart
+                # re-reads the tree, never trusting a record older than this container.
+                Mount("", weights.GATE_STATE_DIR, kind="tmpfs")],
         gpus=receipt.measured_gpu.gpus_per_node,
         shm_size_bytes=s.shm_size_gi * 2**30, ulimits=dict(ULIMITS), ports=ports,
         healthcheck=HealthCheck(

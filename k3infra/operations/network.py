@@ -10,12 +10,14 @@ Its API port admits the configured namespaces / pod labels and (when enabled) th
 stack's benchmark Job; its metrics port admits only the metrics scraper; its health
 port admits nobody (kubelet probes). Egress is DNS only: one replica is one pod, tensor parallelism runs inside it over
 NVLink and /dev/shm, so a serving pod opens no connection to other pods, and with
-HF_HUB_OFFLINE=1 none to the Hub. The one exception is node-local weights, where the
-pod's gate init container fetches missing files (a policy applies to the whole pod).
+HF_HUB_OFFLINE=1 none to the Hub, in both weights modes: only the prefetch Job fetches
+(node-local included: one Job pod per node's local volume).
 
 Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`,
 minus `k3:network.clusterCidrs` and link-local 169.254.0.0/16: the cloud's instance
 metadata service, in-cluster services and the node network are never "the Hub").
+Weights audit pods (k3:weights.auditSchedule) are selected by no allow rule: the default
+deny leaves them no ingress and no egress (they read a volume and print).
 
 Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
 the serving pods' API port (its tokenizer comes from the weights directory, offline);
@@ -78,8 +80,6 @@ def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> di
         ingress.append({"from": [_namespace_peer(net.scraper_namespace, net.scraper_pod_labels)],
                         "ports": [{"port": cfg.serving.metrics_port, "protocol": "TCP"}]})
     egress = [dns_egress(cfg)]
-    if cfg.weights.mode == "node-local":
-        egress.append(hub_egress(cfg))
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": policy_names(names.base)["serving"], "namespace": names.namespace,
                          "labels": m.labels(instance, "network-policy")},

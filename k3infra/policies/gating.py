@@ -1,5 +1,6 @@
 """Serving starts only on verified weights: the StatefulSet waits for the prefetch Job,
-and every serving pod re-verifies the tree in an init container before vLLM starts."""
+and every start of a vLLM container (restarts included) runs the weights gate first, in
+the same container, against the digest the stack pins."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -13,7 +14,7 @@ from k3infra.policies.workloads import Container, Workload, get, kind_of, worklo
 from k3infra.receipt import load_receipt
 
 _R = load_receipt()
-LOCK_ENV = "K3_LOCK"
+GATE_LOCK_ENV = "K3_GATE_LOCK"
 # pulumi-kubernetes waits for a Job to complete unless this annotation says not to.
 SKIP_AWAIT = "pulumi.com/skipAwait"
 
@@ -53,19 +54,22 @@ def _mount_volume(c: Container, path: str) -> Optional[str]:
 
 
 def _gate_problem(wl: Workload, server: Container, model: str) -> Optional[str]:
-    want_volume = _mount_volume(server, model)
-    for c in wl.containers():
-        if not c.is_init or c.env_value(TREE_ENV) != model or LOCK_ENV not in c.env_names():
-            continue
-        if get(c.spec, "restartPolicy") == "Always":
-            return (f"init container {c.name} is a sidecar (restartPolicy Always): it runs "
-                    "alongside vLLM instead of before it")
-        if want_volume is not None and _mount_volume(c, model) != want_volume:
-            return (f"init container {c.name} verifies a different volume than the one "
-                    f"{server.name} serves {model} from ({want_volume})")
-        return None
-    return (f"no init container verifies {model} ({TREE_ENV} and {LOCK_ENV}) before "
-            f"{server.name} starts")
+    """None when `server` runs the gate on `model` before `vllm serve` in its own
+    command (an init container would not run again when the container restarts)."""
+    words = server.tokens()
+    serve_at = next((i for i, w in enumerate(words)
+                     if w.endswith("vllm") and i + 1 < len(words) and words[i + 1] == "serve"),
+                    len(words))
+    if "gate" not in words[:serve_at]:
+        return (f"{server.name} does not run the weights gate before `vllm serve` in its own "
+                "command: a restart of the container would load unverified weights")
+    if server.env_value(TREE_ENV) != model or GATE_LOCK_ENV not in server.env_names():
+        return (f"{server.name}'s gate does not verify {model} ({TREE_ENV} and "
+                f"{GATE_LOCK_ENV}) before it starts")
+    for m in server.mounts():
+        if str(get(m, "name")) == _mount_volume(server, model) and not get(m, "readOnly"):
+            return f"{server.name} mounts the weights at {model} writable; it must be read-only"
+    return None
 
 
 def _serving_gate(args: StackValidationArgs, report: ReportViolation) -> None:
@@ -91,10 +95,11 @@ def _serving_gate(args: StackValidationArgs, report: ReportViolation) -> None:
 serving_gate = StackValidationPolicy(
     name="k3-serving-gate",
     description=(f"Serving waits for the weights: the StatefulSet depends on the prefetch Job "
-                 f"(which Pulumi awaits) for the model directory it serves, and each serving "
-                 f"pod has an init container that re-verifies that tree and its lock before "
-                 f"vLLM starts, so no pod ever loads a partial or altered copy of the "
-                 f"{_R.model.size_gb:g} GB {_R.model.repo} tree."),
+                 f"(which Pulumi awaits) for the model directory it serves, and every vLLM "
+                 f"container runs the weights gate in its own command before `vllm serve` "
+                 f"(so on restarts too), on a read-only mount, so no engine start ever loads "
+                 f"a partial or altered copy of the {_R.model.size_gb:g} GB {_R.model.repo} "
+                 f"tree."),
     validate=_serving_gate,
     enforcement_level=EnforcementLevel.MANDATORY,
 )

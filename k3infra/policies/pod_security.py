@@ -7,7 +7,6 @@ import posixpath
 from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation,
                            ResourceValidationArgs, ResourceValidationPolicy)
 
-from k3infra.policies import stack_config
 from k3infra.policies.workloads import get, items, workloads
 from k3infra.receipt import load_receipt
 
@@ -46,27 +45,26 @@ def _norm(path: str) -> str:
 
 
 def _host_path(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    weights = stack_config.weights()
     allowed = {_norm(str(p)) for p in items(args.get_config().get("allowedPaths"))}
-    if weights.mode == "node-local":
-        allowed.add(_norm(weights.node_local_root))
     for wl in workloads(args.resource_type, args.props):
         for name, volume in wl.volumes().items():
             path = get(volume, "hostPath", "path")
             if path is None:
                 continue
             if _norm(str(path)) not in allowed:
-                shown = ", ".join(sorted(allowed)) or "none (k3:weights.mode is not node-local)"
-                report(f"{wl.kind} {wl.name} volume {name}: hostPath {path!r} is not the "
-                       f"configured weights root (allowed: {shown})", None)
+                shown = ", ".join(sorted(allowed)) or "none"
+                report(f"{wl.kind} {wl.name} volume {name}: hostPath {path!r} is not an "
+                       f"allowed host path (allowed: {shown}; node-local weights are local "
+                       "PersistentVolumes, never a hostPath)", None)
 
 
 host_path = ResourceValidationPolicy(
     name="k3-host-path",
-    description=("A pod mounts a host path only for the node-local weights root "
-                 "(k3:weights.nodeLocalRoot, with k3:weights.mode node-local): the "
-                 f"{_R.model.size_gb:g} GB tree on the node's NVMe. Any other host path "
-                 "exposes the node's file system to the pod."),
+    description=("No pod of the stack mounts a host path (unless the policy's allowedPaths "
+                 f"names it): node-local weights, the {_R.model.size_gb:g} GB tree on each "
+                 "node's NVMe, are local PersistentVolumes claimed through PVCs, so the "
+                 "serving namespace stays Pod Security `restricted`. A host path exposes "
+                 "the node's file system to the pod."),
     validate=_host_path,
     enforcement_level=EnforcementLevel.MANDATORY,
     config_schema=PolicyConfigSchema(properties={

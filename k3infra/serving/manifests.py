@@ -217,9 +217,10 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "name": "vllm",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["vllm", "serve"],
+        # The weights gate runs first on every start of this container (restarts too).
+        "command": [*weights.gate_command, "vllm", "serve"],
         "args": serve_args(receipt, cfg, weights.model_dir),
-        "env": serve_env(receipt, cfg, budget, names.api_key_secret),
+        "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env],
         "resources": {
             "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
             "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
@@ -229,7 +230,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "livenessProbe": _probe(port, 30, 4, timeout=10),
         "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds(receipt, cfg)}}},
         "securityContext": container_security_context(),
-        "volumeMounts": [*weights.main_mounts,
+        "volumeMounts": [*weights.main_mounts, *weights.gate_mounts,
                          {"name": "cache", "mountPath": CACHE_ROOT},
                          {"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "tmp", "mountPath": "/tmp"}],
@@ -252,7 +253,6 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
                 [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
             "podAntiAffinity": placement.one_replica_per_node(sel)},
         "tolerations": placement.tolerations(),
-        "initContainers": list(weights.init_containers),
         "containers": [vllm_container(receipt, cfg, image, weights, names, budget),
                        proxy.container(cfg, PROXY_SECRET_VOLUME)],
         "volumes": [*weights.volumes,
@@ -289,7 +289,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
                                                       "k3infra.dev/proxy-config":
                                                           proxy.conf_digest(cfg)}},
                          "spec": pod_spec},
-            "volumeClaimTemplates": [cache_claim],
+            "volumeClaimTemplates": [cache_claim, *weights.claim_templates],
         },
     }
 
@@ -342,9 +342,9 @@ def namespace(name: str, instance: str, pod_security: str) -> dict:
 
 
 def pod_security_level(cfg: StackConfig) -> str:
-    """`restricted`, except node-local weights: a hostPath volume is only allowed at
-    `privileged` (the containers themselves still meet `restricted`; `warn` says so)."""
-    return "privileged" if cfg.weights.mode == "node-local" else "restricted"
+    """`restricted` in every mode: node-local weights are local PersistentVolumes claimed
+    through PVCs, never a hostPath in this namespace."""
+    return "restricted"
 
 
 def endpoint_url(cfg: StackConfig, names: ServingNames) -> str:

@@ -40,11 +40,14 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
     ver = sub.add_parser("verify", help="verify a tree against its lock (exit 0 only on an exact match)")
     ver.add_argument("dir")
     ver.add_argument("--lock", required=True)
-    ver.add_argument("--full", action="store_true", help="ignore stamps: re-hash every file")
+    ver.add_argument("--full", action="store_true",
+                     help="re-hash every file (always the case: no stamp on the volume is trusted)")
     ver.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
     ver.add_argument("--require-marker", action="store_true",
                      help="also require the prefetch's marker naming this lock's digest and revision")
     ver.set_defaults(func=_verify)
+
+    add_gate_command(sub)
 
     pre = sub.add_parser("prefetch", help="download the locked tree, verify as files land, write the marker")
     pre.add_argument("--lock", required=True)
@@ -55,8 +58,28 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
     pre.add_argument("--no-overlap", action="store_true",
                      help="hash only after all downloads finished (for comparison)")
     pre.add_argument("--attempts", type=_positive, default=3, help="downloads per file at most (default 3)")
+    pre.add_argument("--expect-digest", help="refuse a lock whose tree digest is not this one")
     pre.set_defaults(func=_prefetch)
     return {"lock": lock, "verify": ver, "prefetch": pre}
+
+
+def add_gate_command(sub) -> argparse.ArgumentParser:
+    """`gate`: what runs before every `vllm serve` start (k3weights.gate)."""
+    gate = sub.add_parser("gate", help="before vLLM starts: the pinned lock (read once) and a full "
+                          "read-and-hash of the tree (or this pod's own stamps)")
+    gate.add_argument("dir")
+    gate.add_argument("--lock", required=True, help="lock file (read once)")
+    gate.add_argument("--expect-digest", required=True,
+                      help="tree digest the stack pins (sha256:<64 hex>); a lock with another is refused")
+    gate.add_argument("--repo", required=True)
+    gate.add_argument("--revision", required=True)
+    gate.add_argument("--mode", default="warm", choices=("warm", "stamps"),
+                      help="warm: full read-and-hash on every start (default); stamps: full at "
+                      "the pod's first start, then this pod's own stamps from --state-dir")
+    gate.add_argument("--state-dir", help="pod-private directory for stamps mode (an emptyDir)")
+    gate.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
+    gate.set_defaults(func=_gate)
+    return gate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,9 +135,7 @@ def _verify(args: argparse.Namespace) -> int:
             # Fail fast: without a marker the prefetch has not finished; do not hash.
             return _fail("verify", [tree.Problem(tree.MARKER_NAME, problem)],
                          f"FAILED: {args.dir} is not a verified tree")
-    report = verify.verify_tree(args.dir, lock, full=args.full, workers=args.workers, emit=_out)
-    if report.state_note:
-        print(f"{PROG} verify: note: {report.state_note}", file=sys.stderr)
+    report = verify.verify_tree(args.dir, lock, workers=args.workers, emit=_out)
     if not report.ok:
         _out(report.summary())
         return _fail("verify", report.problems, f"FAILED: {len(report.problems)} offending path(s) "
@@ -123,15 +144,33 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gate(args: argparse.Namespace) -> int:
+    from . import gate
+
+    try:
+        report = gate.run_gate(args.dir, args.lock, expect_digest=args.expect_digest,
+                               repo=args.repo, revision=args.revision, mode=args.mode,
+                               state_dir=args.state_dir, workers=args.workers, emit=_out)
+    except gate.GateRefused as exc:
+        print(f"{PROG} gate: REFUSED: {exc}", file=sys.stderr)
+        return 1
+    _out(report.summary().replace("verify", f"gate ({args.mode})", 1))
+    if not report.ok:
+        return _fail("gate", report.problems, f"REFUSED: {len(report.problems)} offending "
+                     f"path(s) in {args.dir}; vLLM does not start")
+    return 0
+
+
 def _prefetch(args: argparse.Namespace) -> int:
     from . import prefetch
 
     lock, lock_sha = tree.load_lock(args.lock)
+    if args.expect_digest and lock.tree_digest != args.expect_digest:
+        raise tree.LockError(f"not the measured tree: lock {args.lock} describes "
+                             f"{lock.tree_digest}, the stack pins {args.expect_digest}")
     report = prefetch.prefetch(lock, lock_sha, args.dest, workers=args.workers,
                                download_workers=args.max_download_workers,
                                overlap=not args.no_overlap, attempts=args.attempts, emit=_out)
-    for note in report.notes:
-        print(f"{PROG} prefetch: note: {note}", file=sys.stderr)
     _out(report.summary())
     if not report.ok:
         return _fail("prefetch", report.problems, f"FAILED: {len(report.problems)} problem(s) "

@@ -1,9 +1,11 @@
-"""`WeightsPrefetch`: the weights storage, the runtime ConfigMap and the prefetch Job.
+"""`WeightsPrefetch`: the weights storage, the runtime ConfigMap, the prefetch Job(s) and
+the periodic audit.
 
-The serving StatefulSet depends on the Job, so `pulumi up` waits for a verified tree
-before any serving pod exists; the pod's gate init container checks it again on every
-start. The Job records the component's `opts.depends_on` (namespace, secrets, node pool)
-itself, so replacing the pool re-runs the prefetch and `--target`/destroy see the edge.
+The serving StatefulSet depends on the Jobs, so `pulumi up` waits for a verified tree
+before any serving pod exists; the gate in the serving container checks it again, in
+full, before every engine start. The Jobs record the component's `opts.depends_on`
+(namespace, secrets, node pool) themselves, so replacing the pool re-runs the prefetch
+and `--target`/destroy see the edge.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from k3infra.weights import manifests as w
 
 
 class WeightsPrefetch(pulumi.ComponentResource):
-    """Shared RWX volume + one Job, or node-local NVMe + one Job pod per serving node."""
+    """Shared RWX volume + one Job, or one local PV claim + one Job per serving node."""
 
     job: pulumi.CustomResource
+    jobs: list
     parts: w.WeightsParts
 
     def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
@@ -31,24 +34,39 @@ class WeightsPrefetch(pulumi.ComponentResource):
         inputs = StackInputs.of(cfg)
         plain = inputs.plain
         super().__init__("k3infra:index:WeightsPrefetch", name, None, opts)
-        has_lock = lock_text is not None
         deps = [apply_manifest(f"{name}-runtime",
                                w.runtime_configmap(base, namespace, labels, lock_text),
                                child_options(self, opts))]
-        if plain.weights.mode == "shared":
+        per_node = plain.weights.mode == "node-local"
+        count = plain.replicas if per_node else 1
+        if not per_node:
             deps.append(apply_built(f"{name}-pvc", inputs,
                                     lambda c: w.shared_pvc(base, namespace, labels, c),
                                     child_options(self, opts)))
+        else:
+            for i in range(count):
+                deps.append(apply_built(
+                    f"{name}-pvc-{i}", inputs,
+                    lambda c, i=i: w.node_local_pvcs(base, namespace, labels, c)[i],
+                    child_options(self, opts)))
         wait = f"{w.prefetch_timeout_seconds(receipt, plain) // 60}m"
-        self.job = apply_built(
-            f"{name}-job", inputs,
-            lambda c: w.prefetch_job(receipt, c, base, namespace, labels, image,
-                                     hf_token_secret, has_lock),
+        self.jobs = [apply_built(
+            f"{name}-job-{i}" if per_node else f"{name}-job", inputs,
+            lambda c, i=i: w.prefetch_jobs(receipt, c, base, namespace, labels, image,
+                                           hf_token_secret, lock_text)[i],
             child_options(self, opts, *deps,
                           custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
+            for i in range(count)]
+        self.job = self.jobs[0]
+        if plain.weights.audit_schedule is not None:
+            for i in range(count):
+                apply_built(f"{name}-audit-{i}" if per_node else f"{name}-audit", inputs,
+                            lambda c, i=i: w.audit_cronjobs(receipt, c, base, namespace, labels,
+                                                            image, lock_text)[i],
+                            child_options(self, opts, *self.jobs))
 
         def parts_for(c: StackConfig) -> w.WeightsParts:
-            return w.serving_parts(receipt, c, base, image, hf_token_secret, has_lock)
+            return w.serving_parts(receipt, c, base, image, lock_text)
 
         # What the serving pod mounts; `parts_for` rebuilds it from a resolved config.
         self.parts = parts_for(plain)

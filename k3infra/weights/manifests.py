@@ -1,13 +1,18 @@
-"""Kubernetes side of the weights: the runtime ConfigMap, the storage (shared RWX PVC or
-node-local hostPath), the prefetch Job, and the serving pod's gating init container.
+"""Kubernetes side of the weights: the runtime ConfigMap, the storage (one shared RWX PVC,
+or one local PersistentVolume per serving node), the prefetch Job(s), the gate that runs
+in the serving container before every `vllm serve` start, and the periodic audit.
 
 Pure: (receipt, config, names, image) -> manifest dicts. The runtime that runs in pods
-(k3infra/weights/{tree,verify,prefetch,__main__}.py, standard library + huggingface_hub)
-reaches them through the ConfigMap, mounted as the package `k3weights`, so the prefetch
-Job and the gate run in the engine image with nothing extra to build.
+(k3infra/weights/{tree,verify,gate,prefetch,__main__}.py, standard library +
+huggingface_hub) reaches them through the ConfigMap, mounted as the package `k3weights`,
+so every weights container runs in the engine image with nothing extra to build. No
+container runs a ConfigMap file directly: the bootstrap inlined in the pod spec
+(pod/bootstrap.py) checks each file against the digest rendered here first.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,11 +26,31 @@ from k3infra.receipt import Receipt
 WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in pods
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
 RUNTIME_PACKAGE = "k3weights"           # the runtime package's name inside pods
-POD_SCRIPTS = ("prefetch.sh", "check-lock.sh", "gate.sh")
+POD_SCRIPTS = ("prefetch.sh", "check-lock.sh")
 LOCK_KEY = "lock.json"
-# Hashing workers in the Job and the gate: a B300 node has 192 vCPUs; the gate's fast
-# path is stat calls, so this only matters after a change on disk.
+GATE_STATE_DIR = "/var/run/k3-gate"     # stamps mode: the pod-private record (an emptyDir)
+# Hashing workers in the Job, the gate and the audit. The gate reads 1.56 TB before
+# every engine start: on a B300 node (192 vCPUs) 32 threads hash ~50 GB/s, above what
+# the local NVMe array reads (docs/weights.md), so the disk stays the limit.
 HASH_WORKERS = 32
+# The serving container's entrypoint: the gate, then vLLM (exec: vLLM is PID 1's child
+# no more, signals reach it). It runs on every container start, restarts included.
+GATE_SCRIPT = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
+               '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
+               '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
+               '--workers "$K3_HASH_WORKERS" || exit 1; exec "$@"')
+
+# The prefetch container's entrypoint: the bootstrap checks the runtime files, then runs
+# prefetch.sh from the verified copies.
+PREFETCH_SCRIPT = 'exec python3 -c "$K3_RUNTIME_BOOTSTRAP" sh prefetch.sh'
+
+
+# The variables the gate reads in the serving container (before `exec vllm serve`; vLLM
+# reads no K3_* variable). The serve-flags policy lets exactly these through.
+GATE_ENV_NAMES = ("K3_REPO", "K3_REVISION", "K3_TREE", "K3_LOCK", "K3_EXPECT_TREE_DIGEST",
+                  "K3_HASH_WORKERS", "K3_RUNTIME_DIR", "K3_RUNTIME_SHA256",
+                  "K3_RUNTIME_BOOTSTRAP", "K3_RUNTIME_COPY_DIR", "K3_GATE_LOCK",
+                  "K3_GATE_MODE", "K3_GATE_STATE")
 
 
 @dataclass(frozen=True)
@@ -50,21 +75,49 @@ class WeightsLayout:
 
 @dataclass
 class WeightsParts:
-    """What the weights contribute to the serving pod."""
+    """What the weights contribute to the serving pod and to pods that only read them."""
 
     model_dir: str
     volumes: list[dict] = field(default_factory=list)
-    init_containers: list[dict] = field(default_factory=list)
-    main_mounts: list[dict] = field(default_factory=list)
+    main_mounts: list[dict] = field(default_factory=list)     # the weights, read-only
+    # The gate in the serving container: its entrypoint prefix, env and extra mounts.
+    gate_command: list[str] = field(default_factory=list)
+    gate_env: list[dict] = field(default_factory=list)
+    gate_mounts: list[dict] = field(default_factory=list)
+    # node-local: the per-replica claim of a local PersistentVolume.
+    claim_templates: list[dict] = field(default_factory=list)
+    # A pod outside the StatefulSet that reads the weights (the benchmark): the gate as
+    # its init container, and the volumes that needs (weights read-only, runtime).
+    reader_init_containers: list[dict] = field(default_factory=list)
+    reader_volumes: list[dict] = field(default_factory=list)
 
 
 def names(base: str) -> dict[str, str]:
     return {"configmap": f"{base}-weights-runtime", "pvc": f"{base}-weights",
-            "job": f"{base}-weights-prefetch", "volume": "weights", "runtime": "weights-runtime"}
+            "job": f"{base}-weights-prefetch",
+            # CronJob names stay within 52 characters for the longest instance name.
+            "audit": f"{base}-audit",
+            "volume": "weights", "runtime": "weights-runtime", "gate_state": "gate-state"}
+
+
+def node_local_claim(base: str, ordinal: int) -> str:
+    """The PVC the StatefulSet's `weights` claim template gives replica `ordinal`
+    (<template>-<statefulset>-<ordinal>); the prefetch Job of that replica mounts it
+    first, so the local PV binds to the node that Job ran on."""
+    return f"{names(base)['volume']}-{base}-{ordinal}"
 
 
 def layout(receipt: Receipt, cfg: StackConfig) -> WeightsLayout:
     return WeightsLayout(receipt.model.repo, cfg.weights_revision)
+
+
+def expected_tree_digest(receipt: Receipt, lock_text: Optional[str]) -> str:
+    """The digest every weights container holds the tree to, in every profile: the
+    stack's own lock (k3:weights.lockFile, already checked against the receipt unless
+    the profile is custom) or else the receipt's."""
+    if lock_text is None:
+        return receipt.model.tree_digest
+    return str(json.loads(lock_text)["tree_digest"])
 
 
 def runtime_files() -> dict[str, str]:
@@ -78,17 +131,31 @@ def runtime_files() -> dict[str, str]:
     return data
 
 
+def bootstrap_source() -> str:
+    return resources.files("k3infra.weights").joinpath("pod", "bootstrap.py").read_text()
+
+
+def runtime_configmap_name(base: str, lock_text: Optional[str]) -> str:
+    """Named by its content: a new runtime is a new ConfigMap, so pods of the previous
+    template (a canary partition, OnDelete) keep the files their pinned digests name and
+    still pass the bootstrap on a restart."""
+    tag = hashlib.sha256(runtime_pins(lock_text).encode("ascii")).hexdigest()[:8]
+    return f"{names(base)['configmap']}-{tag}"
+
+
 def runtime_configmap(base: str, namespace: str, labels: dict, lock_text: Optional[str]) -> dict:
     data = runtime_files()
     if lock_text is not None:
         data[LOCK_KEY] = lock_text
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": names(base)["configmap"], "namespace": namespace,
+    # Immutable: an in-place edit is refused by the API server (and would be refused by
+    # the bootstrap's digest check anyway).
+    return {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
+            "metadata": {"name": runtime_configmap_name(base, lock_text), "namespace": namespace,
                          "labels": labels},
             "data": data}
 
 
-def _runtime_volume(base: str, has_lock: bool) -> dict:
+def _runtime_items(has_lock: bool) -> list[dict]:
     from k3infra.weights import runtime_paths
 
     items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"}
@@ -96,98 +163,194 @@ def _runtime_volume(base: str, has_lock: bool) -> dict:
     items += [{"key": s, "path": s} for s in POD_SCRIPTS]
     if has_lock:
         items.append({"key": LOCK_KEY, "path": LOCK_KEY})
+    return items
+
+
+def runtime_pins(lock_text: Optional[str]) -> str:
+    """K3_RUNTIME_SHA256: path in the runtime volume -> sha256 of what Pulumi ships."""
+    data = runtime_files()
+    if lock_text is not None:
+        data[LOCK_KEY] = lock_text
+    pins = {item["path"]: hashlib.sha256(data[item["key"]].encode("utf-8")).hexdigest()
+            for item in _runtime_items(lock_text is not None)}
+    return json.dumps(pins, sort_keys=True, separators=(",", ":"))
+
+
+def _runtime_volume(base: str, lock_text: Optional[str]) -> dict:
     return {"name": names(base)["runtime"],
-            "configMap": {"name": names(base)["configmap"], "items": items, "defaultMode": 0o444}}
+            "configMap": {"name": runtime_configmap_name(base, lock_text),
+                          "items": _runtime_items(lock_text is not None), "defaultMode": 0o444}}
 
 
-def _storage_volume(base: str, cfg: StackConfig) -> dict:
+def _storage_volume(base: str, cfg: StackConfig, ordinal: int = 0) -> dict:
+    """The weights volume of a pod outside the StatefulSet (Job, audit, benchmark)."""
+    claim = names(base)["pvc"] if cfg.weights.mode == "shared" else node_local_claim(base, ordinal)
+    return {"name": names(base)["volume"], "persistentVolumeClaim": {"claimName": claim}}
+
+
+def _claim_spec(cfg: StackConfig) -> dict:
+    spec: dict[str, Any] = {"resources": {"requests": {"storage": f"{cfg.weights.size_gi}Gi"}}}
     if cfg.weights.mode == "shared":
-        return {"name": names(base)["volume"],
-                "persistentVolumeClaim": {"claimName": names(base)["pvc"]}}
-    # node-local: the node's NVMe under the configured root; only that path is mounted.
-    return {"name": names(base)["volume"],
-            "hostPath": {"path": cfg.weights.node_local_root, "type": "DirectoryOrCreate"}}
+        spec["accessModes"] = ["ReadWriteMany"]
+        if cfg.weights.storage_class:
+            spec["storageClassName"] = cfg.weights.storage_class
+    else:
+        spec["accessModes"] = ["ReadWriteOnce"]
+        spec["storageClassName"] = cfg.weights.local_storage_class
+    return spec
 
 
 def shared_pvc(base: str, namespace: str, labels: dict, cfg: StackConfig) -> dict:
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"],
-                            "resources": {"requests": {"storage": f"{cfg.weights.size_gi}Gi"}}}
-    if cfg.weights.storage_class:
-        spec["storageClassName"] = cfg.weights.storage_class
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": names(base)["pvc"], "namespace": namespace, "labels": labels},
-            "spec": spec}
+            "spec": _claim_spec(cfg)}
 
 
-def _env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
-         hf_token_secret: Optional[str]) -> list[dict]:
-    env = [{"name": "K3_REPO", "value": lay.repo},
-           {"name": "K3_REVISION", "value": lay.revision},
-           {"name": "K3_TREE", "value": lay.tree},
-           {"name": "K3_LOCK", "value": lay.lock},
-           {"name": "K3_WEIGHTS_MODE", "value": cfg.weights.mode},
-           {"name": "K3_HASH_WORKERS", "value": str(HASH_WORKERS)},
-           {"name": "K3_RUNTIME_DIR", "value": RUNTIME_DIR},
-           {"name": "PYTHONPATH", "value": RUNTIME_DIR},
+def node_local_pvcs(base: str, namespace: str, labels: dict, cfg: StackConfig) -> list[dict]:
+    """One claim per replica, named as the StatefulSet's claim template names them (the
+    StatefulSet adopts them). Each binds a local PersistentVolume of
+    k3:weights.localStorageClass on the node where its prefetch Job pod lands
+    (WaitForFirstConsumer), and the PV's node affinity then holds the serving replica to
+    that node: the namespace needs no hostPath, so it stays `restricted`."""
+    return [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": node_local_claim(base, i), "namespace": namespace,
+                          "labels": labels},
+             "spec": _claim_spec(cfg)} for i in range(cfg.replicas)]
+
+
+def _base_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
+              lock_text: Optional[str]) -> list[dict]:
+    return [{"name": "K3_REPO", "value": lay.repo},
+            {"name": "K3_REVISION", "value": lay.revision},
+            {"name": "K3_TREE", "value": lay.tree},
+            {"name": "K3_LOCK", "value": lay.lock},
+            {"name": "K3_EXPECT_TREE_DIGEST", "value": expected_tree_digest(receipt, lock_text)},
+            {"name": "K3_HASH_WORKERS", "value": str(HASH_WORKERS)},
+            {"name": "K3_RUNTIME_DIR", "value": RUNTIME_DIR},
+            {"name": "K3_RUNTIME_SHA256", "value": runtime_pins(lock_text)},
+            {"name": "K3_RUNTIME_BOOTSTRAP", "value": bootstrap_source()},
+            {"name": "K3_RUNTIME_COPY_DIR", "value": "/tmp"}]
+
+
+def _gate_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
+              lock_text: Optional[str], mode: str) -> list[dict]:
+    lock = f"{RUNTIME_DIR}/{LOCK_KEY}" if lock_text is not None else lay.lock
+    return [*_base_env(receipt, cfg, lay, lock_text),
+            {"name": "K3_GATE_LOCK", "value": lock},
+            {"name": "K3_GATE_MODE", "value": mode},
+            {"name": "K3_GATE_STATE", "value": GATE_STATE_DIR}]
+
+
+def _prefetch_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
+                  lock_text: Optional[str], hf_token_secret: Optional[str]) -> list[dict]:
+    env = [*_base_env(receipt, cfg, lay, lock_text),
            {"name": "HF_XET_HIGH_PERFORMANCE", "value": "1"},
            {"name": "HOME", "value": "/tmp"}]
-    if cfg.profile != "custom":
-        env.append({"name": "K3_EXPECT_TREE_DIGEST", "value": receipt.model.tree_digest})
     if hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": hf_token_secret, "key": "token"}}})
     return env
 
 
-def _container(name: str, image: Any, script: str, env: list[dict], base: str,
-               resources_: dict) -> dict:
-    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
-            "command": ["sh", f"{RUNTIME_DIR}/{script}"], "env": env,
-            "resources": resources_, "securityContext": container_security_context(),
-            "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
-                             {"name": names(base)["runtime"], "mountPath": RUNTIME_DIR,
-                              "readOnly": True},
-                             {"name": "tmp", "mountPath": "/tmp"}]}
+def _runtime_mounts(base: str) -> list[dict]:
+    return [{"name": names(base)["runtime"], "mountPath": RUNTIME_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"}]
 
 
 JOB_RESOURCES = {"requests": {"cpu": "16", "memory": "32Gi"},
                  "limits": {"cpu": "32", "memory": "64Gi"}}
-GATE_RESOURCES = {"requests": {"cpu": "8", "memory": "8Gi"},
-                  "limits": {"cpu": "32", "memory": "16Gi"}}
+AUDIT_RESOURCES = {"requests": {"cpu": "8", "memory": "8Gi"},
+                   "limits": {"cpu": "32", "memory": "16Gi"}}
 
 
-def prefetch_job(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, labels: dict,
-                 image: Any, hf_token_secret: Optional[str], has_lock: bool) -> dict:
-    """The prefetch Job: one pod on the shared volume, or one per serving node."""
+def _gate_container(name: str, image: Any, receipt: Receipt, cfg: StackConfig, base: str,
+                    lock_text: Optional[str]) -> dict:
+    """The gate alone (warm mode, read-only mount), for pods whose main container is not
+    vLLM: the audit, and the init container of a pod that reads the weights."""
+    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", GATE_SCRIPT, f"k3-{name}", "true"],
+            "env": _gate_env(receipt, cfg, layout(receipt, cfg), lock_text, "warm"),
+            "resources": AUDIT_RESOURCES, "securityContext": container_security_context(),
+            "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT,
+                              "readOnly": True}, *_runtime_mounts(base)]}
+
+
+def _weights_pod(cfg: StackConfig, base: str, container: dict, lock_text: Optional[str],
+                 restart: str, instance: str, ordinal: int = 0) -> dict:
+    spec: dict[str, Any] = {
+        "restartPolicy": restart,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **cfg.engine.pull_secret_refs(),
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": [_storage_volume(base, cfg, ordinal), _runtime_volume(base, lock_text),
+                    {"name": "tmp", "emptyDir": {}}],
+    }
+    if cfg.weights.mode == "node-local":
+        # The node-local copy must land on (and be read on) the GPU nodes that serve.
+        spec["affinity"] = {"nodeAffinity": placement.node_affinity(
+            [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance))}
+        spec["tolerations"] = placement.tolerations()
+    return spec
+
+
+def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, labels: dict,
+                  image: Any, hf_token_secret: Optional[str], lock_text: Optional[str]) -> list[dict]:
+    """The prefetch: one Job on the shared volume, or one per replica's local volume
+    (the only pods that hold the HF token and reach the Hub)."""
     lay = layout(receipt, cfg)
     pod_labels = {**labels, "app.kubernetes.io/component": "weights-prefetch"}
     per_node = cfg.weights.mode == "node-local"
-    spec: dict[str, Any] = {
-        "restartPolicy": "OnFailure",
-        "automountServiceAccountToken": False,
-        **cfg.engine.pull_secret_refs(),
-        "securityContext": pod_security_context(),
-        "containers": [_container("prefetch", image, "prefetch.sh",
-                                  _env(receipt, cfg, lay, hf_token_secret), base,
-                                  JOB_RESOURCES)],
-        "volumes": [_storage_volume(base, cfg), _runtime_volume(base, has_lock),
-                    {"name": "tmp", "emptyDir": {}}],
-    }
-    if per_node:
-        # The node-local copy must land on the GPU nodes that will serve.
-        spec["affinity"] = {
-            "nodeAffinity": placement.node_affinity([cfg.gpu_product], placement.pool_of(
-                cfg.node_pool.provider, labels["app.kubernetes.io/instance"])),
-            "podAntiAffinity": placement.one_replica_per_node(
+    jobs = []
+    for i in range(cfg.replicas if per_node else 1):
+        container = {"name": "prefetch", "image": image, "imagePullPolicy": "IfNotPresent",
+                     "command": ["sh", "-c", PREFETCH_SCRIPT],
+                     "env": _prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret),
+                     "resources": JOB_RESOURCES, "securityContext": container_security_context(),
+                     "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
+                                      *_runtime_mounts(base)]}
+        spec = _weights_pod(cfg, base, container, lock_text, "OnFailure",
+                            labels["app.kubernetes.io/instance"], i)
+        if per_node:
+            # One replica's volume per node: the prefetch pods spread like the replicas.
+            spec["affinity"]["podAntiAffinity"] = placement.one_replica_per_node(
                 {"app.kubernetes.io/component": "weights-prefetch",
-                 "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]})}
-        spec["tolerations"] = placement.tolerations()
-    count = cfg.replicas if per_node else 1
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": names(base)["job"], "namespace": namespace, "labels": pod_labels,
-                         "annotations": checkov_skips.annotations(checkov_skips.ENGINE_IMAGE_UID)},
-            "spec": {"completions": count, "parallelism": count, "backoffLimit": 20,
-                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+                 "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]})
+        name = f"{names(base)['job']}-{i}" if per_node else names(base)["job"]
+        jobs.append({"apiVersion": "batch/v1", "kind": "Job",
+                     "metadata": {"name": name, "namespace": namespace, "labels": pod_labels,
+                                  "annotations": checkov_skips.annotations(
+                                      checkov_skips.ENGINE_IMAGE_UID)},
+                     "spec": {"backoffLimit": 20,
+                              "template": {"metadata": {"labels": pod_labels}, "spec": spec}}})
+    return jobs
+
+
+def audit_cronjobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str, labels: dict,
+                   image: Any, lock_text: Optional[str]) -> list[dict]:
+    """A periodic full read-and-hash of every copy (k3:weights.auditSchedule), read-only:
+    a copy altered between engine starts shows up as a failed Job (alert on it)."""
+    if cfg.weights.audit_schedule is None:
+        return []
+    pod_labels = {**labels, "app.kubernetes.io/component": "weights-audit"}
+    out = []
+    for i in range(cfg.replicas if cfg.weights.mode == "node-local" else 1):
+        container = _gate_container("audit", image, receipt, cfg, base, lock_text)
+        spec = _weights_pod(cfg, base, container, lock_text, "Never",
+                            labels["app.kubernetes.io/instance"], i)
+        spec["volumes"][0]["persistentVolumeClaim"]["readOnly"] = True
+        name = names(base)["audit"] + (f"-{i}" if cfg.weights.mode == "node-local" else "")
+        out.append({"apiVersion": "batch/v1", "kind": "CronJob",
+                    "metadata": {"name": name, "namespace": namespace, "labels": pod_labels,
+                                 "annotations": checkov_skips.annotations(
+                                     checkov_skips.ENGINE_IMAGE_UID)},
+                    "spec": {"schedule": cfg.weights.audit_schedule,
+                             "concurrencyPolicy": "Forbid", "successfulJobsHistoryLimit": 1,
+                             "failedJobsHistoryLimit": 3,
+                             "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
+                                 "metadata": {"labels": pod_labels}, "spec": spec}}}}})
+    return out
 
 
 def prefetch_timeout_seconds(receipt: Receipt, cfg: StackConfig) -> int:
@@ -196,21 +359,70 @@ def prefetch_timeout_seconds(receipt: Receipt, cfg: StackConfig) -> int:
     return math.ceil(2 * receipt.model.size_bytes / (cfg.weights.download_gbps * 1e9)) + 1800
 
 
+def gate_summary(receipt: Receipt, cfg: StackConfig) -> str:
+    """What render prints about the check before every engine start."""
+    gb = receipt.model.size_bytes / 1e9
+    if cfg.weights.gate_mode == "warm":
+        return (f"warm: full read-and-hash of {gb:.1f} GB against the pinned lock before every "
+                "vLLM start (container restarts included); the reads warm the page cache the "
+                "engine loads from")
+    return (f"stamps: full read-and-hash of {gb:.1f} GB at pod creation, then this pod's own "
+            f"stamps ({GATE_STATE_DIR}, an emptyDir) on container restarts; for nodes whose "
+            "RAM cannot hold the tree")
+
+
 def serving_parts(receipt: Receipt, cfg: StackConfig, base: str, image: Any,
-                  hf_token_secret: Optional[str], has_lock: bool) -> WeightsParts:
-    """Volumes, the gating init container and the read-only mount for vLLM."""
+                  lock_text: Optional[str]) -> WeightsParts:
+    """The weights mount (read-only), the gate that prefixes the vLLM command, and the
+    volumes. Serving pods get no HF token and never fetch."""
     lay = layout(receipt, cfg)
-    gate = _container("weights-gate", image, "gate.sh",
-                      _env(receipt, cfg, lay, hf_token_secret if cfg.weights.mode == "node-local"
-                           else None), base, GATE_RESOURCES)
+    weights_mount = {"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT, "readOnly": True}
+    runtime = _runtime_volume(base, lock_text)
+    state = {"name": names(base)["gate_state"], "emptyDir": {"sizeLimit": "64Mi"}}
+    volumes = [runtime, state]
+    claims: list[dict] = []
+    if cfg.weights.mode == "shared":
+        volumes.insert(0, dict(_storage_volume(base, cfg),
+                               persistentVolumeClaim={"claimName": names(base)["pvc"],
+                                                      "readOnly": True}))
+    else:
+        claims.append({"metadata": {"name": names(base)["volume"]}, "spec": _claim_spec(cfg)})
+    reader = dict(_storage_volume(base, cfg))
+    reader["persistentVolumeClaim"] = dict(reader["persistentVolumeClaim"], readOnly=True)
     return WeightsParts(
         model_dir=lay.tree,
-        volumes=[_storage_volume(base, cfg), _runtime_volume(base, has_lock)],
-        init_containers=[gate],
-        main_mounts=[{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT, "readOnly": True}])
+        volumes=volumes,
+        main_mounts=[weights_mount],
+        gate_command=["sh", "-c", GATE_SCRIPT, "k3-gate"],
+        gate_env=_gate_env(receipt, cfg, lay, lock_text, cfg.weights.gate_mode),
+        gate_mounts=[{"name": names(base)["runtime"], "mountPath": RUNTIME_DIR, "readOnly": True},
+                     {"name": names(base)["gate_state"], "mountPath": GATE_STATE_DIR}],
+        claim_templates=claims,
+        reader_init_containers=[_gate_container("weights-gate", image, receipt, cfg, base,
+                                                lock_text)],
+        reader_volumes=[reader, runtime])
 
 
-def runtime_env(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
-    """The runtime's K3_* variables as plain name -> value (a Docker host's containers,
-    k3infra/host): the same ones the pods get, without the HF token reference."""
-    return {e["name"]: e["value"] for e in _env(receipt, cfg, layout(receipt, cfg), None)}
+# --- the same runtime for a Docker host's containers (k3infra/host) ------------------------
+
+def runtime_file_map(lock_text: Optional[str]) -> dict[str, str]:
+    """The runtime volume's files as container path -> content (uploaded into a Docker
+    host's containers, or Compose configs): the paths and bytes the pods mount, so the
+    bootstrap's K3_RUNTIME_SHA256 check holds there too."""
+    data = runtime_files()
+    if lock_text is not None:
+        data[LOCK_KEY] = lock_text
+    return {f"{RUNTIME_DIR}/{item['path']}": data[item["key"]]
+            for item in _runtime_items(lock_text is not None)}
+
+
+def prefetch_env_map(receipt: Receipt, cfg: StackConfig, lock_text: Optional[str]) -> dict[str, str]:
+    """The prefetch container's plain env (the HF token is a secret the host adds)."""
+    return {e["name"]: e["value"]
+            for e in _prefetch_env(receipt, cfg, layout(receipt, cfg), lock_text, None)}
+
+
+def gate_env_map(receipt: Receipt, cfg: StackConfig, lock_text: Optional[str]) -> dict[str, str]:
+    """The gate's env in the serving container (k3:weights.gateMode)."""
+    return {e["name"]: e["value"] for e in _gate_env(receipt, cfg, layout(receipt, cfg),
+                                                    lock_text, cfg.weights.gate_mode)}

@@ -7,11 +7,15 @@ unless the environment says otherwise).
 
 What a run does, in order:
 
-1. With DEST missing, or after taking an exclusive flock on DEST (one prefetch per
-   tree at a time), it plans from what is on disk: files whose stamp proves them
-   verified are kept, files of the right size are re-hashed, missing or wrong-size
-   files are fetched. A tree holding an extra file, a symlink or a special file is
-   refused before anything is written (it is not the prefetch's to delete).
+1. It takes an exclusive flock on DEST's parent directory (one prefetch per tree at a
+   time; a filesystem without flock is refused, not trusted). A missing DEST is fetched
+   into a staging directory beside it (`.k3-staging/<name>`) and renamed into place only
+   once verified, so a revision change never exposes a half-written tree; an existing
+   DEST is repaired in place. It plans from what is on disk: files of the right size are
+   re-hashed (no stamp on the volume is trusted: anyone who can write the volume could
+   forge one), missing or wrong-size files are fetched. A tree holding an extra file, a
+   symlink or a special file is refused before anything is written (it is not the
+   prefetch's to delete).
 2. Free space: the bytes still to fetch must fit in DEST's filesystem (the free figure
    can be injected with K3_WEIGHTS_FREE_BYTES, for tests and for filesystems whose
    statvfs lies); otherwise a clear error and nothing is written.
@@ -19,20 +23,26 @@ What a run does, in order:
    and each is hashed as soon as it lands while other downloads go on (while N downloads
    run, at most max(1, hashing threads - N) files are hashed at once: the downloads keep
    the CPU they need; see overlap_hash_limit). A file that does not hash to the lock is
-   deleted and fetched again (3 downloads at most).
+   deleted and fetched again (3 downloads at most). A failed download waits the server's
+   `Retry-After` if it sent one, else an exponential backoff with jitter.
 4. Resume: a plain-HTTP download goes to `.cache/huggingface/download/<path>.<sha256>.incomplete`
    inside DEST and a restarted run continues it with an HTTP Range request
    (huggingface_hub >= 1.0 deletes its own partial files on failure, so the partial
    file is managed here while huggingface_hub does the HEAD and the GET). Xet-backed
    files go through `hf_hub_download` (Xet reconstructs from its chunk cache). Verified
-   files are never fetched again: their stamps are saved as the run goes.
+   files are not fetched again (a restarted run re-hashes them instead).
 5. Only when every file matches and no extra file exists: the scratch directory is
-   removed, the stamps saved, and the marker `.k3-verified.json` written atomically.
+   removed, a final check (this run's own in-memory stamps, plus the extra-file check)
+   passes, the marker `.k3-verified.json` is written atomically, and a staging directory
+   is renamed into place. The marker says the prefetch finished; it proves nothing to the
+   serving gate, which hashes the tree itself (k3weights.gate).
 """
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -47,7 +57,12 @@ from .tree import FileEntry, Lock, Problem
 FREE_BYTES_ENV = "K3_WEIGHTS_FREE_BYTES"
 ATTEMPTS = 3
 DOWNLOAD_WORKERS = 8
-STATE_SAVE_SECONDS = 30.0
+# Backoff between downloads of one file: 2 s, 4 s, 8 s... (with jitter) up to 60 s; a
+# server's Retry-After is honoured up to 10 minutes.
+BACKOFF_BASE_SECONDS = 2.0
+BACKOFF_CAP_SECONDS = 60.0
+RETRY_AFTER_CAP_SECONDS = 600.0
+STAGING_DIR = ".k3-staging"
 _NO_RETRY = ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError",
              "EntryNotFoundError", "RemoteEntryNotFoundError", "DisabledRepoError")
 
@@ -90,9 +105,14 @@ def _partial_size(dest: str, entry: FileEntry) -> int:
         return 0
 
 
+def staging_path(dest: str) -> str:
+    """Where a tree that does not exist yet is fetched before its rename into place."""
+    dest = os.path.abspath(dest)
+    return os.path.join(os.path.dirname(dest), STAGING_DIR, os.path.basename(dest))
+
+
 @dataclass
 class Plan:
-    good: dict = field(default_factory=dict)        # path -> stamp (verified before)
     rehash: list = field(default_factory=list)      # [FileEntry] present, right size
     fetch: list = field(default_factory=list)       # [FileEntry] missing
     replace: list = field(default_factory=list)     # [FileEntry] wrong size: delete, fetch
@@ -112,7 +132,6 @@ def make_plan(dest: str, lock: Lock) -> Plan:
     plan.refused += [Problem(rel, "extra file, not in the lock (remove it; the prefetch deletes "
                                "nothing it did not write)")
                      for rel in sorted(set(scan.files) - set(lock.by_path))]
-    state = verify.load_state(dest)
     for entry in lock.files:
         st = scan.files.get(entry.path)
         if st is None:
@@ -120,8 +139,6 @@ def make_plan(dest: str, lock: Lock) -> Plan:
                 plan.fetch.append(entry)
         elif st.st_size != entry.size:
             plan.replace.append(entry)
-        elif verify.stamp_valid(state, entry, st):
-            plan.good[entry.path] = tuple(state[entry.path])
         else:
             plan.rehash.append(entry)
     return plan
@@ -152,26 +169,33 @@ class PrefetchReport:
         rate = self.downloaded_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
         return (f"prefetch {verdict}: {self.files} files, {verify._gb(self.bytes)} in {self.dest}; "
                 f"downloaded {self.downloaded_files} files / {verify._gb(self.downloaded_bytes)} "
-                f"({rate:.2f} GB/s overall), {self.reused_files} already verified, "
+                f"({rate:.2f} GB/s overall), {self.reused_files} already present (re-hashed, kept), "
                 f"hashed {verify._gb(self.hashed_bytes)} (hashing CPU {self.hash_cpu_seconds:.2f} s); "
                 f"{self.seconds:.2f} s")
 
 
-class _DirLock:
-    """flock on the tree directory: the prefetch Job and a node-local gate on the same
-    node never write the same tree at once. Filesystems without flock are noted."""
+class LockUnavailable(Exception):
+    """The filesystem does not support flock: two writers could interleave, so refuse."""
 
-    def __init__(self, dest: str, emit: Emit):
+
+class _DirLock:
+    """flock on the directory holding the tree: two prefetches (a retried Job pod, a
+    second Job) never write the same tree at once. A filesystem without flock is refused."""
+
+    def __init__(self, path: str, emit: Emit):
         import fcntl
 
-        self.fd = os.open(dest, os.O_RDONLY)
+        self.fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            emit(f"prefetch: another prefetch holds {dest}; waiting for it")
+            emit(f"prefetch: another prefetch holds {path}; waiting for it")
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError as exc:
-            emit(f"prefetch: note: cannot flock {dest} ({exc.strerror}); run one prefetch per tree")
+            os.close(self.fd)
+            raise LockUnavailable(f"cannot flock {path} ({exc.strerror or exc}): this filesystem "
+                                  "cannot keep two prefetches apart; use one that supports "
+                                  "flock (local NVMe, or an RWX class with POSIX locks)") from None
 
     def release(self) -> None:
         os.close(self.fd)
@@ -263,9 +287,10 @@ def _clean_scratch(dest: str, lock: Lock) -> None:
             if name.endswith(".incomplete") and path not in keep:
                 _unlink(path)
     for name in os.listdir(dest):
-        if tree.reserved(name) and name not in (tree.MARKER_NAME, tree.STATE_NAME) \
-                and name != tree.SCRATCH_PARENT:
-            _unlink(os.path.join(dest, name))        # atomic-write leftovers of a killed run
+        if tree.reserved(name) and name != tree.MARKER_NAME and name != tree.SCRATCH_PARENT:
+            # atomic-write leftovers of a killed run, and the stamp file older versions
+            # kept on the volume (never read now)
+            _unlink(os.path.join(dest, name))
 
 
 def _remove_scratch(dest: str) -> None:
@@ -290,43 +315,61 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
         report.seconds = time.monotonic() - start
         return report
 
-    if not os.path.isdir(dest):
-        plan = make_plan(dest, lock)
-        if not _space_ok(dest, plan, report):
+    final_dest = os.path.abspath(dest)
+    parent = os.path.dirname(final_dest)
+    report.dest = final_dest
+    if not os.path.isdir(parent):
+        plan = make_plan(staging_path(final_dest), lock)
+        if not _space_ok(final_dest, plan, report):
             return done()
-        os.makedirs(dest, exist_ok=True)
-    dir_lock = _DirLock(dest, say)
+        os.makedirs(parent, exist_ok=True)
     try:
-        plan = make_plan(dest, lock)
+        dir_lock = _DirLock(parent, say)
+    except LockUnavailable as exc:
+        report.problems.append(Problem(".", str(exc)))
+        return done()
+    try:
+        # Decided under the lock: a prefetch that waited may find the tree renamed into
+        # place by the one it waited for.
+        work = final_dest if os.path.isdir(final_dest) else staging_path(final_dest)
+        report.dest = work
+        plan = make_plan(work, lock)
         if plan.refused:
             report.problems = plan.refused
             return done()
-        if not plan.rehash and not plan.fetch and not plan.replace \
-                and verify.marker_problem(dest, lock) is None:
-            report.reused_files = len(plan.good)
-            report.marker = verify.read_marker(dest)
-            say(f"prefetch: {dest} already holds the verified tree {lock.tree_digest}")
+        if not _space_ok(work, plan, report):
             return done()
-        if not _space_ok(dest, plan, report):
-            return done()
-        verify.remove_marker(dest)
-        _clean_scratch(dest, lock)
+        os.makedirs(work, exist_ok=True)
+        verify.remove_marker(work)
+        _clean_scratch(work, lock)
         for entry in plan.replace:
-            _unlink(os.path.join(dest, entry.path))
-        report.reused_files = len(plan.good)
-        _run(lock, dest, plan, report, workers=workers, download_workers=download_workers,
-             overlap=overlap, attempts=attempts,
-             fetcher=fetcher or _Fetcher(lock, dest, endpoint, token), say=say, interval=interval)
+            _unlink(os.path.join(work, entry.path))
+        good, tries = _run(lock, work, plan, report, workers=workers,
+                           download_workers=download_workers, overlap=overlap, attempts=attempts,
+                           fetcher=fetcher or _Fetcher(lock, work, endpoint, token), say=say,
+                           interval=interval)
+        # Files already on disk that hashed right and were not fetched again.
+        report.reused_files = sum(1 for e in plan.rehash if not tries.get(e.path))
         if report.problems:
             return done()
-        _remove_scratch(dest)
-        final = verify.verify_tree(dest, lock, workers=workers, emit=emit, interval=interval)
-        if final.state_note:
-            report.notes.append(final.state_note)
+        if not plan.fetch and not plan.replace:
+            say(f"prefetch: {work} already holds the tree {lock.tree_digest} (re-hashed, "
+                "nothing fetched)")
+        _remove_scratch(work)
+        final = verify.verify_tree(work, lock, stamps=good, workers=workers, emit=emit,
+                                   interval=interval)
         if not final.ok:
             report.problems = final.problems
             return done()
-        report.marker = verify.write_marker(dest, lock, lock_sha256)
+        report.marker = verify.write_marker(work, lock, lock_sha256)
+        if work != final_dest:
+            os.replace(work, final_dest)        # same filesystem: atomic
+            tree.fsync_dir(parent)
+            try:
+                os.rmdir(os.path.dirname(work))
+            except OSError:
+                pass
+            report.dest = final_dest
         return done()
     finally:
         dir_lock.release()
@@ -348,7 +391,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
          overlap, attempts, fetcher, say, interval) -> None:
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    good = dict(plan.good)
+    good: dict = {}          # this run's own stamps: path -> stamp + sha256
     tries: dict[str, int] = {}
     pending: dict = {}
     landed: list[FileEntry] = []
@@ -356,7 +399,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     in_flight: set = set()
     downloads = ThreadPoolExecutor(max_workers=max(1, download_workers), thread_name_prefix="k3-fetch")
     hasher = verify.Hasher(workers)
-    last_line = last_save = time.monotonic()
+    last_line = time.monotonic()
     t0 = time.monotonic()
 
     def fetch(entry: FileEntry, delay: float = 0.0) -> None:
@@ -403,15 +446,12 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                 say(f"prefetch: verified {len(good)}/{len(lock.files)} files; downloaded "
                     f"{report.downloaded_files} files / {verify._gb(report.downloaded_bytes)} "
                     f"(+{verify._gb(partial)} in flight, {rate:.2f} GB/s)")
-            if now - last_save >= STATE_SAVE_SECONDS:
-                last_save = now
-                verify.save_state(dest, good)      # a killed run keeps what it verified
     finally:
         downloads.shutdown(wait=True, cancel_futures=True)
         hasher.close()
         report.hash_cpu_seconds += hasher.cpu_seconds
-        verify.save_state(dest, good)
     report.problems.sort(key=lambda p: p.path)
+    return good, tries
 
 
 def overlap_hash_limit(workers: int, fetching: int) -> int:
@@ -439,7 +479,7 @@ def _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap,
         if _retryable(exc) and tries[entry.path] < attempts:
             say(f"prefetch: {entry.path}: download failed ({_brief(exc)}); attempt "
                 f"{tries[entry.path] + 1} of {attempts}")
-            fetch(entry, delay=min(2 ** tries[entry.path], 30))
+            fetch(entry, delay=backoff_seconds(exc, tries[entry.path]))
         else:
             report.problems.append(Problem(entry.path, f"download failed after {tries[entry.path]} "
                                                        f"attempt(s): {_brief(exc)}"))
@@ -469,6 +509,36 @@ def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say) -> None
     else:
         report.problems.append(Problem(entry.path, f"{problem} after {tries[entry.path]} "
                                                    "download(s); deleted"))
+
+
+def retry_after_seconds(exc: BaseException) -> Optional[float]:
+    """The server's Retry-After (seconds or an HTTP date) on a failed request, if any."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    if not value:
+        return None
+    value = str(value).strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    import datetime
+
+    now = datetime.datetime.now(when.tzinfo or datetime.timezone.utc)
+    return max((when - now).total_seconds(), 0.0)
+
+
+def backoff_seconds(exc: BaseException, attempt: int) -> float:
+    """Wait before download attempt `attempt + 1`: the server's Retry-After (capped) when
+    it sent one, else exponential backoff with jitter (so retrying pods spread out)."""
+    told = retry_after_seconds(exc)
+    if told is not None:
+        return min(told, RETRY_AFTER_CAP_SECONDS)
+    ceiling = min(BACKOFF_BASE_SECONDS * 2 ** max(attempt - 1, 0), BACKOFF_CAP_SECONDS)
+    return ceiling * (0.5 + random.random() / 2)
 
 
 def _brief(exc: BaseException) -> str:

@@ -4,11 +4,11 @@ Hashing runs in threads over large reads: CPython's hashlib and file reads relea
 GIL for big buffers, so N threads approach N x one core's SHA-256 speed. Files are
 scheduled largest first so the last core is not left with the biggest shard.
 
-Stamps: after a file hashes to its lock digest, its (size, mtime_ns, ctime_ns, inode)
-goes into DIR/.k3-verify-state.json (written atomically). A later run re-hashes only
-files whose stamp changed, so re-verifying an unchanged 1.5 TB tree after a pod restart
-is O(files) stat calls; `full=True` ignores the stamps. When DIR is read-only (the
-serving container) the state is not written and the verification still stands.
+Stamps: a file that hashes to its lock digest gets a stamp (size, mtime_ns, ctime_ns,
+inode) in `Report.good`. The verifier reads no stamps from the tree: anyone who can
+write the weights volume could forge them. A caller may pass `stamps` it holds itself
+(the prefetch's own in-memory stamps of this run; the serving gate's pod-private record,
+k3weights.gate) and only those let a file skip its re-hash.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from typing import Callable, Iterable, Optional
 from . import tree
 from .tree import FileEntry, Lock, Problem
 
-STATE_FORMAT = "k3-verify-state/1"
 MARKER_FORMAT = "k3-verified/1"
 PROGRESS_SECONDS = 5.0
 
@@ -106,7 +105,6 @@ class Report:
     hashed_bytes: int = 0
     stamped_files: int = 0
     seconds: float = 0.0
-    state_note: str = ""
     good: dict = field(default_factory=dict)        # path -> stamp of files that match
 
     @property
@@ -122,31 +120,6 @@ class Report:
         return (f"verify {verdict}: {self.files} files, {_gb(self.bytes)} in {self.root}; "
                 f"hashed {self.hashed_files} files / {_gb(self.hashed_bytes)} at {self.gbps:.2f} GB/s, "
                 f"{self.stamped_files} unchanged by stamp; {self.seconds:.2f} s")
-
-
-# ---- stamp state -----------------------------------------------------------------
-
-def load_state(root: str) -> dict:
-    """path -> (size, mtime_ns, ctime_ns, ino, sha256); {} when absent or unreadable."""
-    try:
-        with open(os.path.join(root, tree.STATE_NAME), "rb") as fh:
-            data = json.loads(fh.read())
-        if data.get("format") != STATE_FORMAT:
-            return {}
-        return {p: tuple(v) for p, v in data["files"].items() if isinstance(v, list) and len(v) == 5}
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
-        return {}
-
-
-def save_state(root: str, good: dict) -> str:
-    """Write the stamps atomically; '' on success, else why not (read-only mount...)."""
-    data = {"format": STATE_FORMAT, "files": {p: list(v) for p, v in sorted(good.items())}}
-    try:
-        tree.atomic_write(os.path.join(root, tree.STATE_NAME),
-                          json.dumps(data, separators=(",", ":")).encode("utf-8"))
-        return ""
-    except OSError as exc:
-        return f"stamps not saved ({exc.strerror or exc}): the next run re-hashes"
 
 
 # ---- marker ------------------------------------------------------------------------
@@ -222,10 +195,14 @@ def stamp_valid(state: dict, entry: FileEntry, st: os.stat_result) -> bool:
         tuple(recorded[:4]) == tree.stamp_of(st)
 
 
-def verify_tree(root: str, lock: Lock, *, full: bool = False, workers: Optional[int] = None,
-                emit: Optional[Emit] = None, write_state: bool = True,
-                interval: float = PROGRESS_SECONDS) -> Report:
-    """Check that `root` holds exactly the lock's files with the lock's contents."""
+def verify_tree(root: str, lock: Lock, *, stamps: Optional[dict] = None,
+                workers: Optional[int] = None, emit: Optional[Emit] = None,
+                interval: float = PROGRESS_SECONDS, full: bool = True) -> Report:
+    """Check that `root` holds exactly the lock's files with the lock's contents: every
+    file is read and hashed, except those whose current stamp matches `stamps` (path ->
+    stamp + sha256), which the caller must have written itself after hashing them.
+    `full` is kept for callers of the former stamp-file API: verification is always full
+    unless trusted stamps are passed."""
     start = time.monotonic()
     report = Report(root=root, files=len(lock.files), bytes=lock.total_bytes)
     if not os.path.isdir(root):
@@ -236,7 +213,7 @@ def verify_tree(root: str, lock: Lock, *, full: bool = False, workers: Optional[
     report.problems.extend(scan.problems)
     for rel in sorted(set(scan.files) - set(lock.by_path)):
         report.problems.append(Problem(rel, "extra file, not in the lock"))
-    state = {} if full else load_state(root)
+    state = stamps or {}
     to_hash: list[FileEntry] = []
     for entry in lock.files:
         st = scan.files.get(entry.path)
@@ -256,8 +233,6 @@ def verify_tree(root: str, lock: Lock, *, full: bool = False, workers: Optional[
         _hash_entries(root, to_hash, workers, emit, interval, report)
     report.problems.sort(key=lambda p: p.path)
     report.seconds = time.monotonic() - start
-    if write_state and report.good != state:
-        report.state_note = save_state(root, report.good)
     return report
 
 

@@ -1,6 +1,6 @@
 #!/bin/sh
-# The lock must pin the configured revision and, unless the stack is `profile: custom`,
-# carry the receipt's tree digest: anything else is not the measured tree.
+# The lock must pin the configured revision and carry the digest the stack pins (its own
+# lock's, or the receipt's): anything else is not the tree this stack serves.
 set -eu
 python3 - <<'PY'
 import json, os, sys
@@ -8,8 +8,9 @@ lock = json.load(open(os.environ["K3_LOCK"]))
 if lock.get("revision") != os.environ["K3_REVISION"]:
     sys.exit(f"k3 weights: lock {os.environ['K3_LOCK']} pins revision {lock.get('revision')!r}, "
              f"the stack pins {os.environ['K3_REVISION']!r}")
-expected = os.environ.get("K3_EXPECT_TREE_DIGEST")
-if expected and lock.get("tree_digest") != expected:
+expected = os.environ["K3_EXPECT_TREE_DIGEST"]
+if lock.get("tree_digest") != expected:
     sys.exit(f"k3 weights: not the measured tree: lock digest {lock.get('tree_digest')!r}, "
-             f"receipt {expected!r} (set k3:profile custom to serve another tree)")
+             f"the stack pins {expected!r} (another tree needs k3:profile custom and its "
+             "own k3:weights.lockFile)")
 PY

@@ -1,6 +1,6 @@
 #!/bin/sh
-# Fetch the pinned weights tree and verify it against the lock (k3infra prefetch Job,
-# and the node-local gate when its node is missing files). Resumable: a rerun continues.
+# Fetch the pinned weights tree and verify it against the lock (the prefetch Job; run
+# by the bootstrap from verified copies). Resumable: a rerun continues.
 set -eu
 lock_dir=$(dirname "$K3_LOCK")
 if ! mkdir -p "$lock_dir" 2>/dev/null || [ ! -w "$lock_dir" ]; then
@@ -18,5 +18,5 @@ elif [ ! -f "$K3_LOCK" ]; then
 fi
 # Refuse another tree before a single shard is downloaded.
 sh "$K3_RUNTIME_DIR"/check-lock.sh
-mkdir -p "$K3_TREE"
-exec python3 -m k3weights prefetch --lock "$K3_LOCK" --dest "$K3_TREE" --workers "$K3_HASH_WORKERS"
+exec python3 -m k3weights prefetch --lock "$K3_LOCK" --dest "$K3_TREE" --workers "$K3_HASH_WORKERS" \
+  --expect-digest "$K3_EXPECT_TREE_DIGEST"
