@@ -61,6 +61,7 @@ BAD = [
     ("serving", '{"storageReadGBps": 0}', "k3:serving.storageReadGBps", "greater than 0", '= 0:'),
     ("serving", '{"shmSize": 64}', "k3:serving.shmSize", "not a known key", '= 64:'),
     ("namespace", "K3_Prod", "k3:namespace", "DNS label"),
+    ("namespace", "a" * 64, "k3:namespace", "DNS label", "'" + "a" * 64 + "'"),
     ("serving", '{"port": ', "k3:serving", "JSON", '{"port": '),
 ]
 

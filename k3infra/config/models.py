@@ -593,7 +593,7 @@ class StackConfig(_Section):
     @field_validator("namespace")
     @classmethod
     def _dns_label(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not DNS_LABEL_RE.match(v) or len(v) > 63:
+        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
             raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
         return v
 

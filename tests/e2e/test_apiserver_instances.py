@@ -17,7 +17,7 @@ import pytest
 from engine import API_KEY, ROOT, Pulumi
 from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 from test_apiserver_stack import (EXISTS_IS_READY_PROGRAM, INSTANCE_LABEL, LABELLED_KINDS,
-                                  kube, labelled)  # noqa: F401  (kube: a fixture)
+                                  kube)  # noqa: F401  (kube: a fixture)
 from test_engine import readme_program
 
 pytest_plugins = ["apiserver"]
@@ -59,10 +59,21 @@ def consumer(pulumi: Pulumi, cluster, kube, tmp_path) -> Pulumi:
         pulumi.run("destroy", "--yes", "--continue-on-error", check=False, show=5)
 
 
-def objects_of(dyn, instance: str) -> list[dict]:
+def kinds_of(state: list[dict]) -> list[tuple[str, str]]:
+    """The kinds to list: test_apiserver_stack's (with those the controllers create)
+    and every kind in the state, so a kind the product adds later is listed too."""
+    kinds = dict.fromkeys(LABELLED_KINDS)
+    for r in state:
+        out = r.get("outputs") or {}
+        if r["type"].startswith("kubernetes:") and out.get("kind"):
+            kinds.setdefault((out["apiVersion"], out["kind"]))
+    return list(kinds)
+
+
+def objects_of(dyn, instance: str, kinds) -> list[dict]:
     """Every object labelled with the instance, in any namespace, as plain dicts."""
     found = []
-    for api_version, kind in LABELLED_KINDS:
+    for api_version, kind in kinds:
         res = dyn.resources.get(api_version=api_version, kind=kind)
         for o in res.get(label_selector=f"{INSTANCE_LABEL}={instance}").items:
             obj = o.to_dict()
@@ -104,7 +115,9 @@ def test_two_instances_apply_apart_and_destroy_cleanly(consumer: Pulumi, kube):
     consumer.run("up", "--yes", show=15)
     up_s = time.monotonic() - started
 
-    found = {i: objects_of(dyn, i) for i in INSTANCES}
+    state = consumer.state_resources()
+    kinds = kinds_of(state)
+    found = {i: objects_of(dyn, i, kinds) for i in INSTANCES}
     for instance, objs in found.items():
         print(f"\n{instance}: {len(objs)} objects: " + ", ".join(sorted(map(where, objs))))
     uid_instance = {o["metadata"]["uid"]: i for i, objs in found.items() for o in objs}
@@ -115,7 +128,6 @@ def test_two_instances_apply_apart_and_destroy_cleanly(consumer: Pulumi, kube):
 
     # Every Kubernetes resource Pulumi created is found under its own instance's label.
     by_place = {where(o): i for i, objs in found.items() for o in objs}
-    state = consumer.state_resources()
     by_urn = {r["urn"]: r for r in state}
     kube_resources = [r for r in state if r["type"].startswith("kubernetes:")
                       and not r["type"].startswith("pulumi:providers:")]
@@ -146,13 +158,19 @@ def test_two_instances_apply_apart_and_destroy_cleanly(consumer: Pulumi, kube):
             for entry in meta.get("managed_fields") or meta.get("managedFields") or []:
                 managers.setdefault(instance, set()).add(entry["manager"])
     print(f"field managers: { {i: sorted(m) for i, m in managers.items()} }")
+    # Server-side apply: the provider's field manager is per Pulumi resource, so no
+    # resource of one instance owns a field of the other's objects.
+    applied = [{m for m in managers[i] if m.startswith("pulumi-kubernetes")} for i in INSTANCES]
+    assert all(applied) and not applied[0] & applied[1], applied
 
     started = time.monotonic()
     consumer.run("destroy", "--yes", show=10)
-    print(f"right after destroy: { {i: labelled(dyn, i) for i in INSTANCES} }")
+    def left_over() -> list[str]:
+        return [where(o) for i in INSTANCES for o in objects_of(dyn, i, kinds)]
+
+    print(f"right after destroy: {left_over()}")
     deadline = time.monotonic() + 120
-    while (left := [x for i in INSTANCES for x in labelled(dyn, i)]) \
-            and time.monotonic() < deadline:
+    while (left := left_over()) and time.monotonic() < deadline:
         time.sleep(1)
     print(f"up {up_s:.1f} s; destroy and namespaces finalized {time.monotonic() - started:.1f} s")
     assert left == [], left

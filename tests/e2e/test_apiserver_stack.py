@@ -107,7 +107,7 @@ LABELLED_KINDS = (
     ("v1", "Namespace"), ("v1", "Secret"), ("v1", "ConfigMap"), ("v1", "Service"),
     ("v1", "ServiceAccount"), ("v1", "PersistentVolumeClaim"), ("v1", "Pod"),
     ("networking.k8s.io/v1", "NetworkPolicy"), ("apps/v1", "StatefulSet"),
-    ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"),
+    ("batch/v1", "Job"), ("batch/v1", "CronJob"), ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
 )
 
