@@ -25,6 +25,11 @@ import re
 
 from k3infra.config import ConfigError
 
+
+# The instance name of the stack program's K3ServingStack (`__main__.py`); with
+# k3:namespace unset it is also the namespace the CLI reads (verify, fetch).
+PROGRAM_INSTANCE = "kimi-k3"
+
 APP = "kimi-k3"                      # app.kubernetes.io/name of every instance
 # app.kubernetes.io/component values that selectors of one module match on pods another
 # module builds (NetworkPolicies select the prefetch and benchmark pods).

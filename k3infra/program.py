@@ -7,9 +7,7 @@ from pulumi.runtime import config as runtime_config
 
 from k3infra.config import CONFIG_NAMESPACE
 
-# The instance name of the stack program's K3ServingStack: Kubernetes names derive from
-# it (k3infra.naming); k3:namespace defaults to it.
-INSTANCE = "kimi-k3"
+from k3infra.naming import PROGRAM_INSTANCE as INSTANCE  # noqa: E402  (names derive from it)
 
 
 def read_k3_config() -> tuple[dict[str, str], list[str]]:

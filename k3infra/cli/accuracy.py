@@ -9,6 +9,7 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
+from k3infra.naming import PROGRAM_INSTANCE
 from k3infra.cli import UsageError
 
 
@@ -55,7 +56,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     fe = sub.add_parser("fetch", help="copy the AccuracySmoke Job's files from the cluster")
     fe.add_argument("--out", required=True, type=Path)
-    fe.add_argument("--namespace", default="k3")
+    fe.add_argument("--namespace", default=PROGRAM_INSTANCE)
     fe.add_argument("--kubeconfig")
     fe.add_argument("--context")
     fe.add_argument("--run", help="a run id (default: the latest complete run)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from k3infra.naming import PROGRAM_INSTANCE
 from k3infra.cli import UsageError
 
 
@@ -71,7 +72,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     fe = sub.add_parser("fetch", help="copy the benchmark Job's raw results from the cluster")
     fe.add_argument("--out", required=True, type=Path)
-    fe.add_argument("--namespace", default="k3")
+    fe.add_argument("--namespace", default=PROGRAM_INSTANCE)
     fe.add_argument("--kubeconfig")
     fe.add_argument("--context")
     fe.add_argument("--run", help="a run id (default: the latest complete run)")

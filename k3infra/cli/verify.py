@@ -14,11 +14,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from k3infra.naming import PROGRAM_INSTANCE
 from k3infra.cli import UsageError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--namespace", default="k3")
+    parser.add_argument("--namespace", default=PROGRAM_INSTANCE)
     parser.add_argument("--docker-host", metavar="HOST",
                         help="verify a Docker host's containers instead (ssh://user@host or "
                              "unix:///var/run/docker.sock; needs --results or --no-results)")
@@ -145,9 +146,8 @@ def _verify(args: argparse.Namespace) -> int:
             if args.results is None and not args.no_results:
                 raise UsageError("--docker-host: pass --results DIR (a run of `vllm bench "
                                  "serve` against the host) or --no-results")
-            from k3infra.program import INSTANCE
 
-            cluster = DockerHost(args.docker_host, args.instance or INSTANCE)
+            cluster = DockerHost(args.docker_host, args.instance or PROGRAM_INSTANCE)
         else:
             cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         rows = verify_rows(cluster, receipt, lock=lock, expected_image=args.engine_image,
