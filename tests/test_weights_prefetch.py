@@ -354,18 +354,21 @@ def test_second_prefetch_on_the_same_tree_waits_for_the_first(hub, tmp_path):
     assert report.ok and any("waiting for it" in line for line in report.lines)
 
 
-def test_overlap_hash_limit_leaves_a_core_per_running_download():
-    assert prefetch.overlap_hash_limit(2, 8) == 1        # this machine: one hashing thread
-    assert prefetch.overlap_hash_limit(32, 8) == 24
-    assert prefetch.overlap_hash_limit(4, 3) == 1
-    assert prefetch.overlap_hash_limit(4, 0) == 4        # downloads done: every thread
-    assert prefetch.overlap_hash_limit(1, 5) == 1        # always at least one
+def test_background_hasher_threads_run_under_sched_idle():
+    idle = verify.Hasher(1, background=True)
+    normal = verify.Hasher(1)
+    try:
+        assert idle.pool.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE
+        assert normal.pool.submit(os.sched_getscheduler, 0).result() == os.SCHED_OTHER
+    finally:
+        idle.close()
+        normal.close()
 
 
-def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_path, monkeypatch):
-    """A fetcher standing in for the Hub (no HTTP) and a slow hash: whenever a file starts
-    hashing, the files being hashed at once never exceed overlap_hash_limit of the
-    downloads then running; once the last download has landed, all threads hash."""
+def test_hashing_yields_to_downloads_and_uses_normal_threads_after(tmp_path, monkeypatch):
+    """A fetcher standing in for the Hub (no HTTP) and a slow hash: a file hashed while a
+    download runs is hashed by a SCHED_IDLE thread (it takes only CPU the downloads leave
+    idle); once the last download has landed, normal threads hash, all of them at once."""
     import threading
 
     files = {f"model-{i:05d}.safetensors": os.urandom(4096 + i) for i in range(9)}
@@ -374,7 +377,7 @@ def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_
     dest = tmp_path / "dest"
     guard = threading.Lock()
     state = {"downloading": 0, "hashing": 0}
-    seen: list[tuple[int, int]] = []                    # (downloads running, hashes at once)
+    seen: list[tuple[int, int, int]] = []       # (downloads running, hashes at once, policy)
 
     def fetcher(entry):
         with guard:
@@ -392,7 +395,7 @@ def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_
     def slow_hash(path, buf=None):
         with guard:
             state["hashing"] += 1
-            seen.append((state["downloading"], state["hashing"]))
+            seen.append((state["downloading"], state["hashing"], os.sched_getscheduler(0)))
         try:
             time.sleep(0.15)
             return real(path, buf)
@@ -405,10 +408,11 @@ def test_hashing_is_bounded_while_downloads_run_and_uses_every_thread_after(tmp_
     report = prefetch.prefetch(lock, "0" * 64, str(dest), workers=4, download_workers=3,
                                fetcher=fetcher, emit=None)
     assert report.ok, report.problems
-    for downloading, hashing in seen:
-        assert hashing <= prefetch.overlap_hash_limit(4, downloading), seen
-    assert any(d > 0 for d, _ in seen)                   # hashing did overlap the downloads
-    assert max(h for d, h in seen if d == 0) > 1, seen   # and used every thread afterwards
+    assert all(h <= 4 for _, h, _ in seen), seen
+    overlapped = [p for d, _, p in seen if d > 0]
+    assert overlapped and set(overlapped) == {os.SCHED_IDLE}, seen     # hashing did overlap
+    assert os.SCHED_OTHER in {p for d, _, p in seen if d == 0}, seen    # normal threads after
+    assert max(h for d, h, _ in seen if d == 0) > 1, seen              # every thread at once
     assert report.hash_cpu_seconds >= 0 and "hashing CPU" in report.summary()
 
 

@@ -20,9 +20,10 @@ What a run does, in order:
    can be injected with K3_WEIGHTS_FREE_BYTES, for tests and for filesystems whose
    statvfs lies); otherwise a clear error and nothing is written.
 3. The marker is removed, then files are downloaded in parallel at the pinned revision
-   and each is hashed as soon as it lands while other downloads go on (while N downloads
-   run, at most max(1, hashing threads - N) files are hashed at once: the downloads keep
-   the CPU they need; see overlap_hash_limit). A file that does not hash to the lock is
+   and each is hashed as soon as it lands while other downloads go on. While downloads
+   run, hashing threads run under SCHED_IDLE (verify.Hasher(background=True)): they take
+   only CPU the downloads leave idle, so on a CPU-bound link the overlap costs the
+   downloads nothing; once the last download has landed, normal threads hash the rest. A file that does not hash to the lock is
    deleted and fetched again (3 downloads at most). A failed download waits the server's
    `Retry-After` if it sent one, else an exponential backoff with jitter.
 4. Resume: a plain-HTTP download goes to `.cache/huggingface/download/<path>.<sha256>.incomplete`
@@ -398,7 +399,8 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     to_hash: deque = deque()            # landed files waiting for a hashing slot
     in_flight: set = set()
     downloads = ThreadPoolExecutor(max_workers=max(1, download_workers), thread_name_prefix="k3-fetch")
-    hasher = verify.Hasher(workers)
+    hasher = verify.Hasher(workers)                       # after the last download
+    idle_hasher = verify.Hasher(workers, background=True)  # while downloads run
     last_line = time.monotonic()
     t0 = time.monotonic()
 
@@ -413,9 +415,10 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     def start_hashing() -> None:
         fetching = sum(1 for kind, _ in pending.values() if kind == "fetch")
         hashing = len(pending) - fetching
-        while to_hash and hashing < overlap_hash_limit(hasher.workers, fetching):
+        pool = idle_hasher if fetching else hasher
+        while to_hash and hashing < hasher.workers:
             entry = to_hash.popleft()
-            pending[hasher.submit(os.path.join(dest, entry.path))] = ("hash", entry)
+            pending[pool.submit(os.path.join(dest, entry.path))] = ("hash", entry)
             hashing += 1
 
     for entry in plan.rehash:
@@ -448,22 +451,11 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                     f"(+{verify._gb(partial)} in flight, {rate:.2f} GB/s)")
     finally:
         downloads.shutdown(wait=True, cancel_futures=True)
-        hasher.close()
-        report.hash_cpu_seconds += hasher.cpu_seconds
+        for pool in (idle_hasher, hasher):
+            pool.close()
+            report.hash_cpu_seconds += pool.cpu_seconds
     report.problems.sort(key=lambda p: p.path)
     return good, tries
-
-
-def overlap_hash_limit(workers: int, fetching: int) -> int:
-    """Files hashed at once while `fetching` downloads run. The HTTP client is CPU-bound
-    as well (huggingface_hub reads bodies in small pieces under the GIL, then writes and
-    fsyncs): hashing on every core would take the CPU the downloads need, and on a busy
-    link that costs more than the overlap saves (measured: benchmarks/weights_bench.py).
-    So each running download keeps a core, one file is always hashed, and once the last
-    download has landed every hashing thread runs."""
-    if fetching <= 0:
-        return workers
-    return max(1, workers - fetching)
 
 
 def _after(delay: float, fetcher, entry: FileEntry) -> None:

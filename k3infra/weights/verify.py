@@ -59,18 +59,34 @@ class Progress:
         self.emit(line)
 
 
+def _idle_priority() -> None:
+    """Run the calling thread under SCHED_IDLE: it gets a core only when nothing else wants
+    it. The prefetch hashes landed files this way while downloads run, so hashing fills
+    idle CPU and never slows a CPU-bound download (Linux; elsewhere a no-op). An
+    unprivileged thread cannot leave SCHED_IDLE, so these threads are never reused for
+    foreground work."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if policy is not None:
+        try:
+            os.sched_setscheduler(0, policy, os.sched_param(0))   # 0: this thread
+        except OSError:
+            pass
+
+
 class Hasher:
     """A pool of hashing threads, each with its own read buffer; counts the CPU time its
     threads spend (benchmarks and the prefetch report show what hashing cost)."""
 
-    def __init__(self, workers: Optional[int] = None):
+    def __init__(self, workers: Optional[int] = None, *, background: bool = False):
         from concurrent.futures import ThreadPoolExecutor
 
         self.workers = max(1, workers or tree.default_workers())
+        self.background = background
         self._local = threading.local()
         self._cpu_lock = threading.Lock()
         self.cpu_seconds = 0.0
-        self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="k3-hash")
+        self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="k3-hash",
+                                       initializer=_idle_priority if background else None)
 
     def _buf(self) -> bytearray:
         buf = getattr(self._local, "buf", None)
