@@ -9,43 +9,26 @@ placement helper) and talks to the Service with the key from the serving Secret.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
-from k3infra import checkov_skips, placement
+from k3infra import checkov_skips, clientjob, placement
 from k3infra.naming import ACCURACY_COMPONENT as COMPONENT
 from k3infra.config import StackConfig
-from k3infra.podsecurity import container_security_context, pod_security_context
+from k3infra.clientjob import RESULTS_DIR
+from k3infra.podsecurity import container_security_context
 from k3infra.receipt import Receipt
 
 RUNTIME_DIR = "/etc/k3/accuracy"
 TASKS_DIR = f"{RUNTIME_DIR}/tasks"
-RESULTS_DIR = "/results"
 RUNNER = "runner.py"
 RESULTS_COMPONENT = "accuracy-results"
 JOB_SELECTOR = f"app.kubernetes.io/component={COMPONENT}"
 JOB_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"},
                  "limits": {"cpu": "4", "memory": "16Gi"}}
-# Scheduling and image start on top of the Job's own deadline.
-WAIT_MARGIN_SECONDS = 600
 
 
-@dataclass(frozen=True)
-class AccuracyNames:
-    base: str
-
-    @property
-    def configmap(self) -> str:
-        return f"{self.base}-accuracy-runtime"
-
-    @property
-    def pvc(self) -> str:
-        return f"{self.base}-accuracy-results"
-
-    @property
-    def job(self) -> str:
-        return f"{self.base}-accuracy"
+def AccuracyNames(base: str) -> clientjob.JobNames:
+    return clientjob.JobNames(base, "accuracy")
 
 
 def task_files() -> dict[str, str]:
@@ -54,22 +37,17 @@ def task_files() -> dict[str, str]:
             if p.name.endswith(".yaml")}
 
 
-def runtime_configmap(names: AccuracyNames, namespace: str, labels: dict) -> dict:
+def runtime_configmap(names: clientjob.JobNames, namespace: str, labels: dict) -> dict:
     pkg = resources.files("k3infra.accuracy")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": names.configmap, "namespace": namespace, "labels": labels},
             "data": {RUNNER: pkg.joinpath(RUNNER).read_text(), **task_files()}}
 
 
-def results_pvc(names: AccuracyNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {
-        "requests": {"storage": f"{cfg.accuracy.results_size_gi}Gi"}}}
-    if cfg.accuracy.results_storage_class:
-        spec["storageClassName"] = cfg.accuracy.results_storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": names.pvc, "namespace": namespace,
-                         "labels": {**labels, "app.kubernetes.io/component": RESULTS_COMPONENT}},
-            "spec": spec}
+def results_pvc(names: clientjob.JobNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
+    return clientjob.results_pvc(names, namespace, labels, size_gi=cfg.accuracy.results_size_gi,
+                                 storage_class=cfg.accuracy.results_storage_class,
+                                 component=RESULTS_COMPONENT)
 
 
 def runner_args(cfg: StackConfig, base_url: str) -> list[str]:
@@ -80,16 +58,12 @@ def runner_args(cfg: StackConfig, base_url: str) -> list[str]:
             "--concurrency", str(a.concurrency), "--timeout", str(a.timeout_minutes * 60)]
 
 
-def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: AccuracyNames, namespace: str,
+def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNames, namespace: str,
                  labels: dict, base_url: str, api_key_secret: str, api_key_secret_key: str,
                  serving_selector: dict) -> dict:
-    env = [{"name": "OPENAI_API_KEY",     # lm-eval's local-chat-completions sends it as Bearer
-            "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
-           {"name": "HF_DATASETS_OFFLINE", "value": "1"},   # datasets from the image's cache
-           {"name": "HF_HUB_OFFLINE", "value": "1"},
-           {"name": "HOME", "value": "/tmp"},
-           {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    # lm-eval's local-chat-completions sends the key as Bearer; datasets from the image.
+    env = clientjob.client_env(api_key_secret, api_key_secret_key,
+                               [{"name": "HF_DATASETS_OFFLINE", "value": "1"}])
     files = [RUNNER, *task_files()]
     container = {
         "name": "accuracy", "image": cfg.accuracy.image, "imagePullPolicy": "IfNotPresent",
@@ -99,31 +73,21 @@ def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: AccuracyNames, na
                          {"name": "results", "mountPath": RESULTS_DIR},
                          {"name": "tmp", "mountPath": "/tmp"}]}
     pod_labels = {**labels, "app.kubernetes.io/component": COMPONENT}
-    spec = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
-        **placement.beside_serving(
+    return clientjob.client_job(
+        names, namespace, pod_labels,
+        annotations={"k3infra.dev/receipt": receipt.id, "k3infra.dev/results-claim": names.pvc,
+                     "k3infra.dev/label": "smoke test",
+                     **checkov_skips.annotations(checkov_skips.ACCURACY_IMAGE_UID,
+                                                 checkov_skips.ACCURACY_API_KEY_ENV)},
+        deadline_seconds=cfg.accuracy.timeout_minutes * 60,
+        placement=placement.beside_serving(
             cfg.gpu_product,
             placement.pool_of(cfg.node_pool.provider, labels["app.kubernetes.io/instance"]),
             serving_selector),
-        "containers": [container],
-        "volumes": [{"name": "accuracy-runtime", "configMap": {
-                        "name": names.configmap, "defaultMode": 0o444,
-                        "items": [{"key": f, "path": f if f == RUNNER else f"tasks/{f}"}
-                                  for f in files]}},
-                    {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}],
-    }
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": names.job, "namespace": namespace, "labels": pod_labels,
-                         "annotations": {"k3infra.dev/receipt": receipt.id,
-                                         "k3infra.dev/results-claim": names.pvc,
-                                         "k3infra.dev/label": "smoke test",
-                                         **checkov_skips.annotations(
-                                             checkov_skips.ACCURACY_IMAGE_UID,
-                                             checkov_skips.ACCURACY_API_KEY_ENV)}},
-            # One attempt: a retried run would mix two runs' outputs.
-            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": cfg.accuracy.timeout_minutes * 60,
-                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+        containers=[container],
+        volumes=[{"name": "accuracy-runtime", "configMap": {
+                     "name": names.configmap, "defaultMode": 0o444,
+                     "items": [{"key": f, "path": f if f == RUNNER else f"tasks/{f}"}
+                               for f in files]}},
+                 {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
+                 {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}])

@@ -14,22 +14,14 @@ from typing import Any, Callable, Optional, Sequence, Union
 import pulumi
 
 from k3infra.bench import manifests as b
+from k3infra.clientjob import ClientJob
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
-from k3infra.kube import apply_built, child_options
 from k3infra.receipt import Receipt
 from k3infra.weights.manifests import WeightsParts
 
-# Scheduling and image start on top of the Job's own deadline.
-WAIT_MARGIN_SECONDS = 600
-
-
-class Benchmark(pulumi.ComponentResource):
+class Benchmark(ClientJob):
     """`vllm bench serve` over Workload A, every raw result kept on a PVC."""
-
-    job: pulumi.CustomResource
-    results_claim: pulumi.Output[str]
-    job_name: pulumi.Output[str]
 
     def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
                  image: Any, weights: Union[WeightsParts, Callable[[StackConfig], WeightsParts]],
@@ -42,25 +34,13 @@ class Benchmark(pulumi.ComponentResource):
         parts = weights if callable(weights) else (lambda _c: weights)
         super().__init__("k3infra:index:Benchmark", name, None, opts)
         names = b.BenchmarkNames(base)
-        runtime = apply_built(f"{name}-runtime", inputs,
-                              lambda c: b.runtime_configmap(names, namespace, labels),
-                              child_options(self, opts))
-        # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
-        claim = apply_built(f"{name}-results", inputs,
-                            lambda c: b.results_pvc(names, namespace, labels, c),
-                            child_options(self, opts, retain_on_delete=True))
-        wait = f"{(b.job_timeout_seconds(inputs.plain) + WAIT_MARGIN_SECONDS) // 60}m"
-        self.job = apply_built(
-            f"{name}-job", inputs,
-            lambda c: b.benchmark_job(receipt, c, names=names, namespace=namespace,
-                                      labels=labels, image=image, base_url=base_url,
-                                      api_key_secret=api_key_secret,
-                                      api_key_secret_key=api_key_secret_key, weights=parts(c),
-                                      serving_selector=serving_selector),
-            child_options(self, opts, *depends_on, runtime, claim,
-                          # A fixed name cannot be created before the old Job is gone.
-                          delete_before_replace=True,
-                          custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
-        self.results_claim = pulumi.Output.from_input(names.pvc)
-        self.job_name = pulumi.Output.from_input(names.job)
-        self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})
+        self._build(
+            name, inputs, opts, names=names,
+            runtime=lambda c: b.runtime_configmap(names, namespace, labels),
+            claim=lambda c: b.results_pvc(names, namespace, labels, c),
+            job=lambda c: b.benchmark_job(receipt, c, names=names, namespace=namespace,
+                                          labels=labels, image=image, base_url=base_url,
+                                          api_key_secret=api_key_secret,
+                                          api_key_secret_key=api_key_secret_key,
+                                          weights=parts(c), serving_selector=serving_selector),
+            timeout_seconds=b.job_timeout_seconds(inputs.plain), depends_on=depends_on)

@@ -15,18 +15,17 @@ directory (node-local weights exist only on those nodes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from k3infra import checkov_skips, naming, placement
+from k3infra import checkov_skips, clientjob, naming, placement
+from k3infra.clientjob import RESULTS_DIR
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 from k3infra.weights.manifests import WeightsParts
 
 RUNTIME_DIR = "/etc/k3/bench"
-RESULTS_DIR = "/results"
 POD_FILES = ("workload.py", "pod_runner.py")
 SHARED_FILES = ("podcommon.py",)          # from the k3infra package itself (one copy)
 COMPONENT = naming.BENCHMARK_COMPONENT
@@ -40,21 +39,10 @@ JOB_RESOURCES = {"requests": {"cpu": "4", "memory": "16Gi"},
 READER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"},
                     "limits": {"cpu": "2", "memory": "4Gi"}}
 READER_LIFETIME_SECONDS = 900
-@dataclass(frozen=True)
-class BenchmarkNames:
-    base: str
 
-    @property
-    def configmap(self) -> str:
-        return f"{self.base}-bench-runtime"
 
-    @property
-    def pvc(self) -> str:
-        return f"{self.base}-bench-results"
-
-    @property
-    def job(self) -> str:
-        return f"{self.base}-bench"
+def BenchmarkNames(base: str) -> clientjob.JobNames:
+    return clientjob.JobNames(base, "bench")
 
 
 # The wide sweep's measured requests per point when k3:benchmark.measuredRequests is
@@ -91,7 +79,7 @@ def block_size(receipt: Receipt) -> int:
     return int(arg.value)
 
 
-def runtime_configmap(names: BenchmarkNames, namespace: str, labels: dict) -> dict:
+def runtime_configmap(names: clientjob.JobNames, namespace: str, labels: dict) -> dict:
     pkg = resources.files("k3infra.bench")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": names.configmap, "namespace": namespace, "labels": labels},
@@ -100,15 +88,10 @@ def runtime_configmap(names: BenchmarkNames, namespace: str, labels: dict) -> di
                         for f in SHARED_FILES}}}
 
 
-def results_pvc(names: BenchmarkNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {
-        "requests": {"storage": f"{cfg.benchmark.results_size_gi}Gi"}}}
-    if cfg.benchmark.results_storage_class:
-        spec["storageClassName"] = cfg.benchmark.results_storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": names.pvc, "namespace": namespace,
-                         "labels": {**labels, "app.kubernetes.io/component": RESULTS_COMPONENT}},
-            "spec": spec}
+def results_pvc(names: clientjob.JobNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
+    return clientjob.results_pvc(names, namespace, labels, size_gi=cfg.benchmark.results_size_gi,
+                                 storage_class=cfg.benchmark.results_storage_class,
+                                 component=RESULTS_COMPONENT)
 
 
 def runner_args(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: str) -> list[str]:
@@ -141,7 +124,7 @@ def _gpu_node_placement(cfg: StackConfig, serving_selector: dict, instance: str)
         cfg.gpu_product, placement.pool_of(cfg.node_pool.provider, instance), serving_selector)
 
 
-def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
+def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNames,
                   namespace: str, labels: dict, image: Any, base_url: str,
                   api_key_secret: str, api_key_secret_key: str, weights: WeightsParts,
                   serving_selector: dict) -> dict:
@@ -150,13 +133,9 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
     tree), the weights are mounted read-only, and no remote code is trusted."""
     weight_mounts = [dict(m, readOnly=True) for m in weights.main_mounts]
     weight_volumes = list(weights.reader_volumes)      # the weights, and the gate's runtime
-    env = [{"name": "OPENAI_API_KEY",     # vllm bench serve sends it as a Bearer token
-            "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
-           {"name": "K3_ENGINE_IMAGE", "value": image},
-           {"name": "HF_HUB_OFFLINE", "value": "1"},        # tokenizer from the weights dir
-           {"name": "HOME", "value": "/tmp"},
-           {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    # vllm bench serve sends the key as Bearer; the tokenizer is read from the weights dir.
+    env = clientjob.client_env(api_key_secret, api_key_secret_key,
+                               [{"name": "K3_ENGINE_IMAGE", "value": image}])
     container = {
         "name": "bench", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{RUNTIME_DIR}/pod_runner.py",
@@ -167,32 +146,22 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: BenchmarkNames,
                          {"name": "results", "mountPath": RESULTS_DIR},
                          {"name": "tmp", "mountPath": "/tmp"}]}
     pod_labels = {**labels, "app.kubernetes.io/component": COMPONENT}
-    spec = {
-        "restartPolicy": "Never",
-        **cfg.engine.pull_secret_refs(),
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
-        **_gpu_node_placement(cfg, serving_selector, labels["app.kubernetes.io/instance"]),
-        "initContainers": list(weights.reader_init_containers),
-        "containers": [container],
-        "volumes": [*weight_volumes,
-                    {"name": "bench-runtime", "configMap": {
-                        "name": names.configmap, "defaultMode": 0o444,
-                        "items": [{"key": f, "path": f}
-                                  for f in (*POD_FILES, *SHARED_FILES)]}},
-                    {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}],
-    }
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": names.job, "namespace": namespace, "labels": pod_labels,
-                         "annotations": {"k3infra.dev/receipt": receipt.id,
-                                         "k3infra.dev/results-claim": names.pvc,
-                                         **checkov_skips.annotations(
-                                             checkov_skips.ENGINE_IMAGE_UID, checkov_skips.BENCH_API_KEY_ENV)}},
-            # One attempt: a retried benchmark would mix two runs' evidence.
-            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": job_timeout_seconds(cfg),
-                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+    return clientjob.client_job(
+        names, namespace, pod_labels,
+        annotations={"k3infra.dev/receipt": receipt.id, "k3infra.dev/results-claim": names.pvc,
+                     **checkov_skips.annotations(checkov_skips.ENGINE_IMAGE_UID,
+                                                 checkov_skips.BENCH_API_KEY_ENV)},
+        deadline_seconds=job_timeout_seconds(cfg),
+        placement=_gpu_node_placement(cfg, serving_selector, labels["app.kubernetes.io/instance"]),
+        pod_extra=cfg.engine.pull_secret_refs(),
+        init_containers=weights.reader_init_containers,
+        containers=[container],
+        volumes=[*weight_volumes,
+                 {"name": "bench-runtime", "configMap": {
+                     "name": names.configmap, "defaultMode": 0o444,
+                     "items": [{"key": f, "path": f} for f in (*POD_FILES, *SHARED_FILES)]}},
+                 {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
+                 {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}])
 
 
 # --- reading the results back (k3infra bench fetch / verify) ---------------------------

@@ -1,0 +1,121 @@
+"""One-shot client Jobs against the serving endpoint: the benchmark (`vllm bench serve`)
+and the accuracy smoke test (lm-eval). They share one shape, kept here once:
+
+- names derived from the instance: `<base>-<kind>-runtime` (ConfigMap with the pod's
+  code), `<base>-<kind>-results` (PVC), `<base>-<kind>` (Job);
+- a ReadWriteOnce results PVC that outlives the Job (and, retained on delete, the
+  stack), read back by `k3infra bench|accuracy fetch` through a reader pod;
+- the API key from the serving Secret as `OPENAI_API_KEY` (never in argv), offline Hub
+  access, a writable HOME on an emptyDir;
+- a restricted pod with no API token and no service links, placed beside a serving pod;
+- one attempt (a retried run would mix two runs' evidence) under a deadline.
+
+`ClientJob` is the Pulumi side: the ConfigMap, the retained claim, then the Job, which
+waits for both and for whatever the caller names (the serving StatefulSet).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import pulumi
+
+from k3infra.config import StackConfig
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_built, child_options
+from k3infra.podsecurity import pod_security_context
+
+RESULTS_DIR = "/results"
+# Scheduling and image start on top of the Job's own deadline.
+WAIT_MARGIN_SECONDS = 600
+
+
+@dataclass(frozen=True)
+class JobNames:
+    base: str
+    kind: str           # "bench" | "accuracy"
+
+    @property
+    def configmap(self) -> str:
+        return f"{self.base}-{self.kind}-runtime"
+
+    @property
+    def pvc(self) -> str:
+        return f"{self.base}-{self.kind}-results"
+
+    @property
+    def job(self) -> str:
+        return f"{self.base}-{self.kind}"
+
+
+def results_pvc(names: JobNames, namespace: str, labels: dict, *, size_gi: int,
+                storage_class: Optional[str], component: str) -> dict:
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": f"{size_gi}Gi"}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": names.pvc, "namespace": namespace,
+                         "labels": {**labels, "app.kubernetes.io/component": component}},
+            "spec": spec}
+
+
+def client_env(api_key_secret: str, api_key_secret_key: str, extra: Sequence[dict]) -> list[dict]:
+    """The key as OPENAI_API_KEY (both clients send it as a Bearer token), then the
+    caller's variables, then what every client pod sets."""
+    return [{"name": "OPENAI_API_KEY",
+             "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
+            *extra,
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+            {"name": "PYTHONUNBUFFERED", "value": "1"}]
+
+
+def client_job(names: JobNames, namespace: str, pod_labels: dict, *, annotations: dict,
+               deadline_seconds: int, placement: dict, containers: list[dict],
+               volumes: list[dict], init_containers: Sequence[dict] = (),
+               pod_extra: Optional[dict] = None) -> dict:
+    spec = {
+        "restartPolicy": "Never",
+        **(pod_extra or {}),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        **placement,
+        **({"initContainers": list(init_containers)} if init_containers else {}),
+        "containers": containers,
+        "volumes": volumes,
+    }
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": names.job, "namespace": namespace, "labels": pod_labels,
+                         "annotations": annotations},
+            # One attempt: a retried run would mix two runs' evidence.
+            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": deadline_seconds,
+                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+
+
+class ClientJob(pulumi.ComponentResource):
+    """The runtime ConfigMap, the retained results claim, then the Job (replaced by
+    delete-then-create: a fixed name cannot be created before the old Job is gone)."""
+
+    job: pulumi.CustomResource
+    results_claim: pulumi.Output[str]
+    job_name: pulumi.Output[str]
+
+    def _build(self, name: str, inputs: StackInputs, opts: Optional[pulumi.ResourceOptions], *,
+               names: JobNames, runtime: Callable[[StackConfig], dict],
+               claim: Callable[[StackConfig], dict], job: Callable[[StackConfig], dict],
+               timeout_seconds: int, depends_on: Sequence[pulumi.Resource]) -> None:
+        runtime_cm = apply_built(f"{name}-runtime", inputs, runtime, child_options(self, opts))
+        # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
+        results = apply_built(f"{name}-results", inputs, claim,
+                              child_options(self, opts, retain_on_delete=True))
+        wait = f"{(timeout_seconds + WAIT_MARGIN_SECONDS) // 60}m"
+        self.job = apply_built(
+            f"{name}-job", inputs, job,
+            child_options(self, opts, *depends_on, runtime_cm, results, delete_before_replace=True,
+                          custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
+        self.results_claim = pulumi.Output.from_input(names.pvc)
+        self.job_name = pulumi.Output.from_input(names.job)
+        self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})
