@@ -17,8 +17,8 @@ No X-Xet-* header is sent unless `advertise_xet` (then the client must run with 
 disabled: there is no CAS server here), so the client stays on plain HTTP.
 
 Faults, for the tests: drop the connection once after N bytes of a file, stall a file
-after N bytes until released (to kill the client mid-file), serve a corrupt byte
-(once or always).
+after N bytes until released (to kill the client mid-file; every GET, or only the next
+one), serve a corrupt byte (once or always).
 """
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ class Hit:
 class Faults:
     drop_once: dict = field(default_factory=dict)       # path -> bytes sent before dropping
     stall: dict = field(default_factory=dict)           # path -> bytes sent before stalling
+    stall_once: dict = field(default_factory=dict)      # the same, for the next GET only
     corrupt_once: set = field(default_factory=set)
     corrupt_always: set = field(default_factory=set)
     released: threading.Event = field(default_factory=threading.Event)
@@ -318,6 +319,8 @@ class _Handler(BaseHTTPRequestHandler):
         with hub._lock:
             drop = faults.drop_once.pop(name, None)
             stall = faults.stall.get(name)
+            if stall is None and drop is None:
+                stall = faults.stall_once.pop(name, None)
         cut = drop if drop is not None else stall
         if cut is not None and cut < len(body):
             self.wfile.write(body[:cut])

@@ -509,3 +509,68 @@ def test_a_prefetch_that_waited_finds_the_tree_the_other_renamed_into_place(hub,
     assert report.ok and report.downloaded_files == 0 and report.dest == str(dest)
     assert not (tmp_path / prefetch.STAGING_DIR).exists()
     assert fetched(hub) == {}
+
+
+def test_stalled_transfer_is_restarted_from_where_it_stopped(big_hub, tmp_path, monkeypatch):
+    """The Hub stand-in stops sending mid-file (after one 10 MiB chunk landed) and holds
+    the connection open: the watchdog abandons that transfer and resumes it with a Range
+    request, long before huggingface_hub's own read timeout would."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 120)
+    big_hub.faults.stall_once[BIG] = CHUNK + 5000
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        if "restarting the transfer" in line:
+            big_hub.faults.released.set()    # let the abandoned connection end
+
+    lock = lock_of(big_hub.files, big_hub.commit)
+    report = prefetch.prefetch(lock, "0" * 64, str(tmp_path / "dest"), emit=emit, interval=0.1,
+                               stall_seconds=1.0)
+    assert report.ok, report.problems
+    restarts = [line for line in lines if "restarting the transfer" in line]
+    assert len(restarts) == 1 and f"{BIG}: no progress for 1 s at {CHUNK} bytes" in restarts[0]
+    first, second = big_hub.gets(BIG)[:2]
+    assert first.range is None and first.sent == CHUNK + 5000
+    assert second.range == f"bytes={CHUNK}-" and second.sent == len(big_hub.files[BIG]) - CHUNK
+    assert_verified(big_hub, tmp_path / "dest")
+
+
+def test_stall_watch_counts_only_time_without_growth():
+    watch = prefetch.StallWatch(10)
+    watch.started("a", 0, at=100.0)
+    assert not watch.stalled("a", 0, 105.0)
+    assert not watch.stalled("a", 5, 109.0)          # grew: the clock restarts
+    assert not watch.stalled("a", 5, 118.0)
+    assert watch.stalled("a", 5, 119.0)
+    watch.started("b", 0, at=200.0)                    # a backoff delay ends at 200
+    assert not watch.stalled("b", 0, 150.0) and not watch.stalled("b", 0, 209.0)
+    tickets = []
+    stale = watch.bind("a", lambda e: tickets.append(watch.begin("a")))
+    watch.abandon("a")
+    fresh = watch.bind("a", lambda e: tickets.append(watch.begin("a")))
+    fresh(None)
+    stale(None)                    # an abandoned download that only starts now
+    with pytest.raises(prefetch.TransferAbandoned):
+        watch.guarded("a", tickets[1], lambda: None)
+    done = []
+    watch.guarded("a", tickets[0], lambda: done.append(True))
+    assert done == [True] and watch.restarts == {"a": 1} and watch.watching("a")
+    assert not watch.watching("b")                     # never on plain HTTP (Xet)
+
+
+def test_an_hf_xet_older_than_the_hang_fixes_keeps_the_prefetch_on_plain_http(monkeypatch):
+    from importlib import metadata
+
+    monkeypatch.delenv("HF_HUB_DISABLE_XET", raising=False)
+    monkeypatch.setattr(metadata, "version", lambda name: "1.5.1")
+    assert prefetch.xet_too_old() == "1.5.1"
+    prefetch.hub_environment()
+    assert os.environ["HF_HUB_DISABLE_XET"] == "1"
+    monkeypatch.delenv("HF_HUB_DISABLE_XET")
+    monkeypatch.setattr(metadata, "version", lambda name: "1.5.2")
+    assert prefetch.xet_too_old() is None
+    prefetch.hub_environment()
+    assert "HF_HUB_DISABLE_XET" not in os.environ

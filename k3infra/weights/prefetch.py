@@ -32,7 +32,14 @@ What a run does, in order:
    file is managed here while huggingface_hub does the HEAD and the GET). Xet-backed
    files go through `hf_hub_download` (Xet reconstructs from its chunk cache). Verified
    files are not fetched again (a restarted run re-hashes them instead).
-5. Only when every file matches and no extra file exists: the scratch directory is
+5. Stalls: a plain-HTTP transfer whose partial file has not grown for
+   K3_DOWNLOAD_STALL_SECONDS (k3:coldStart.downloadStallSeconds, default 300) is
+   abandoned and started again through the same resume path (an HTTP Range request from
+   the bytes already on disk); the abandoned thread can no longer write (StallWatch).
+   A hung read without a byte also ends at huggingface_hub's own read timeout
+   (HF_HUB_DOWNLOAD_TIMEOUT). Xet transfers are watched by hf_xet itself (>= 1.5.2 fixed
+   the download hangs, docs/coldstart.md).
+6. Only when every file matches and no extra file exists: the scratch directory is
    removed, a final check (this run's own in-memory stamps, plus the extra-file check)
    passes, the marker `.k3-verified.json` is written atomically, and a staging directory
    is renamed into place. The marker says the prefetch finished; it proves nothing to the
@@ -56,6 +63,10 @@ from . import tree, verify
 from .tree import FileEntry, Lock, Problem
 
 FREE_BYTES_ENV = "K3_WEIGHTS_FREE_BYTES"
+STALL_ENV = "K3_DOWNLOAD_STALL_SECONDS"
+STALL_SECONDS = 300.0
+# Stall restarts of one file, beside its ATTEMPTS (a restart resumes, it does not refetch).
+STALL_RESTARTS = 20
 ATTEMPTS = 3
 DOWNLOAD_WORKERS = 8
 # Backoff between downloads of one file: 2 s, 4 s, 8 s... (with jitter) up to 60 s; a
@@ -70,8 +81,34 @@ _NO_RETRY = ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError
 Emit = Callable[[str], None]
 
 
+# hf_xet releases before this one hang downloads (huggingface/xet-core issues 850 and
+# 883, fixed in 1.5.2): with an older one installed the prefetch stays on plain HTTP,
+# where the stall watchdog below sees every transfer.
+HF_XET_MIN = (1, 5, 2)
+
+
+def _version(text: str) -> tuple:
+    """(major, minor, patch) of a release string; a pre-release suffix is dropped."""
+    import re
+
+    return tuple(int(re.match(r"\d*", piece).group() or 0) for piece in text.split(".")[:3])
+
+
+def xet_too_old() -> Optional[str]:
+    """The installed hf_xet version when it is older than HF_XET_MIN, else None."""
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("hf-xet")
+    except metadata.PackageNotFoundError:
+        return None
+    return installed if _version(installed) < HF_XET_MIN else None
+
+
 def hub_environment() -> None:
     """Defaults for huggingface_hub, read when it is first imported."""
+    if xet_too_old():
+        os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     os.environ.setdefault("HF_XET_HIGH_PERFORMANCE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")   # our own progress lines
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -202,10 +239,105 @@ class _DirLock:
         os.close(self.fd)
 
 
+class TransferAbandoned(Exception):
+    """This transfer was declared stalled and restarted: it must not write again."""
+
+
+class StallWatch:
+    """Progress of each running download (its partial file's size) and which attempt of
+    a file may write: a transfer that made no progress for `seconds` is abandoned, and
+    the writes and the final rename of an abandoned attempt are refused. Each download
+    gets its ticket when it is submitted (`bind`), so an abandoned one that only starts
+    later can never take the place of the one that replaced it."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._current: dict[str, int] = {}          # path -> ticket allowed to write
+        self._plain: set = set()                    # paths on plain HTTP (a partial file)
+        self._seen: dict[str, tuple[int, float]] = {}  # path -> (size, when it last grew)
+        self.restarts: dict[str, int] = {}
+
+    def issue(self, path: str) -> int:
+        with self._lock:
+            self._current[path] = self._current.get(path, 0) + 1
+            return self._current[path]
+
+    def bind(self, path: str, fetcher: Callable[[FileEntry], None]) -> Callable[[FileEntry], None]:
+        """`fetcher` holding a fresh ticket for `path` in the thread that runs it."""
+        ticket = self.issue(path)
+
+        def run(entry: FileEntry) -> None:
+            self._local.ticket = ticket
+            try:
+                fetcher(entry)
+            finally:
+                self._local.ticket = None
+        return run
+
+    def started(self, path: str, size: int, at: float) -> None:
+        self._seen[path] = (size, at)
+
+    def stalled(self, path: str, size: int, now: float) -> bool:
+        last, since = self._seen.get(path, (size, now))
+        if size != last or now < since:
+            self._seen[path] = (size, max(now, since))
+            return False
+        return now - since >= self.seconds
+
+    def watching(self, path: str) -> bool:
+        """Only plain-HTTP transfers write a partial file this watch can see grow."""
+        with self._lock:
+            return path in self._plain
+
+    def begin(self, path: str) -> int:
+        """The plain-HTTP transfer of `path` starts: its ticket (bound, or a new one)."""
+        with self._lock:
+            self._plain.add(path)
+        ticket = getattr(self._local, "ticket", None)
+        return ticket if ticket is not None else self.issue(path)
+
+    def abandon(self, path: str) -> None:
+        with self._lock:
+            self._current[path] = self._current.get(path, 0) + 1
+        self.restarts[path] = self.restarts.get(path, 0) + 1
+
+    def guarded(self, path: str, attempt: int, action: Callable[[], None]) -> None:
+        with self._lock:
+            if self._current.get(path) != attempt:
+                raise TransferAbandoned(f"{path}: a stalled transfer, restarted")
+            action()
+
+
+class _GuardedFile:
+    """The partial file as http_get sees it: writes only while this attempt is current."""
+
+    def __init__(self, fh, watch: StallWatch, path: str, attempt: int):
+        self._fh, self._watch, self._path, self._attempt = fh, watch, path, attempt
+
+    def write(self, data) -> int:
+        out: list = []
+        self._watch.guarded(self._path, self._attempt, lambda: out.append(self._fh.write(data)))
+        return out[0]
+
+    def truncate(self, *args):
+        out: list = []
+        self._watch.guarded(self._path, self._attempt,
+                            lambda: out.append(self._fh.truncate(*args)))
+        return out[0]
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+
 class _Fetcher:
     """One file from the Hub into its place in DEST (called from download threads)."""
 
     def __init__(self, lock: Lock, dest: str, endpoint: Optional[str], token: Optional[str]):
+        self.watch: Optional[StallWatch] = None     # set by prefetch() for plain HTTP
         hub_environment()
         from huggingface_hub import file_download
 
@@ -246,17 +378,20 @@ class _Fetcher:
         headers = build_hf_headers(token=self.token)
         if _origin(meta.location) != _origin(url):
             headers.pop("authorization", None)      # a signed CDN URL: the token stays on the Hub
+        watch = self.watch or StallWatch(STALL_SECONDS)
+        attempt = watch.begin(entry.path)
         with open(partial, "ab") as fh:
             have = fh.tell()
             if have > entry.size:
                 fh.truncate(0)
                 have = 0
             if have < entry.size:
-                fd.http_get(meta.location, fh, resume_size=have, headers=headers, expected_size=entry.size)
+                fd.http_get(meta.location, _GuardedFile(fh, watch, entry.path, attempt),
+                            resume_size=have, headers=headers, expected_size=entry.size)
             fh.flush()
             os.fsync(fh.fileno())
         os.makedirs(os.path.dirname(final), exist_ok=True)
-        os.replace(partial, final)
+        watch.guarded(entry.path, attempt, lambda: os.replace(partial, final))
 
 
 def _origin(url: str) -> tuple:
@@ -306,9 +441,12 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
              download_workers: int = DOWNLOAD_WORKERS, overlap: bool = True,
              attempts: int = ATTEMPTS, endpoint: Optional[str] = None, token: Optional[str] = None,
              emit: Optional[Emit] = print, interval: float = verify.PROGRESS_SECONDS,
-             fetcher: Optional[Callable[[FileEntry], None]] = None) -> PrefetchReport:
+             fetcher: Optional[Callable[[FileEntry], None]] = None,
+             stall_seconds: Optional[float] = None) -> PrefetchReport:
     """Make DEST hold exactly the lock's tree and write the marker; see the module docstring."""
     say = emit or (lambda _line: None)
+    watch = StallWatch(stall_seconds if stall_seconds is not None
+                       else float(os.environ.get(STALL_ENV) or STALL_SECONDS))
     start = time.monotonic()
     report = PrefetchReport(dest=dest, files=len(lock.files), bytes=lock.total_bytes)
 
@@ -345,10 +483,12 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
         _clean_scratch(work, lock)
         for entry in plan.replace:
             _unlink(os.path.join(work, entry.path))
+        if fetcher is None:
+            fetcher = _Fetcher(lock, work, endpoint, token)
+            fetcher.watch = watch
         good, tries = _run(lock, work, plan, report, workers=workers,
                            download_workers=download_workers, overlap=overlap, attempts=attempts,
-                           fetcher=fetcher or _Fetcher(lock, work, endpoint, token), say=say,
-                           interval=interval)
+                           fetcher=fetcher, say=say, interval=interval, watch=watch)
         # Files already on disk that hashed right and were not fetched again.
         report.reused_files = sum(1 for e in plan.rehash if not tries.get(e.path))
         if report.problems:
@@ -389,7 +529,7 @@ def _space_ok(dest: str, plan: Plan, report: PrefetchReport) -> bool:
 
 
 def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, download_workers,
-         overlap, attempts, fetcher, say, interval) -> None:
+         overlap, attempts, fetcher, say, interval, watch: StallWatch) -> None:
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     good: dict = {}          # this run's own stamps: path -> stamp + sha256
@@ -404,10 +544,29 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     last_line = time.monotonic()
     t0 = time.monotonic()
 
-    def fetch(entry: FileEntry, delay: float = 0.0) -> None:
-        tries[entry.path] = tries.get(entry.path, 0) + 1
+    def fetch(entry: FileEntry, delay: float = 0.0, restart: bool = False) -> None:
+        if not restart:
+            tries[entry.path] = tries.get(entry.path, 0) + 1
         in_flight.add(entry.path)
-        pending[downloads.submit(_after, delay, fetcher, entry)] = ("fetch", entry)
+        watch.started(entry.path, _partial_size(dest, entry), time.monotonic() + delay)
+        pending[downloads.submit(_after, delay, watch.bind(entry.path, fetcher), entry)] = \
+            ("fetch", entry)
+
+    def restart_stalled(now: float) -> None:
+        """Abandon each transfer that made no progress for watch.seconds; resume it."""
+        for fut, (kind, entry) in list(pending.items()):
+            if kind != "fetch" or not watch.watching(entry.path) \
+                    or not watch.stalled(entry.path, _partial_size(dest, entry), now):
+                continue
+            if watch.restarts.get(entry.path, 0) >= STALL_RESTARTS:
+                continue            # left to huggingface_hub's timeouts and the attempts
+            del pending[fut]        # its result, whenever it comes, is not this run's
+            fut.cancel()            # not started yet: never will
+            watch.abandon(entry.path)
+            say(f"prefetch: {entry.path}: no progress for {watch.seconds:g} s at "
+                f"{_partial_size(dest, entry)} bytes; restarting the transfer from there "
+                f"(stall restart {watch.restarts[entry.path]})")
+            fetch(entry, restart=True)
 
     def hash_(entry: FileEntry) -> None:
         to_hash.append(entry)
@@ -442,6 +601,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                 landed.clear()
             start_hashing()
             now = time.monotonic()
+            restart_stalled(now)
             if now - last_line >= interval:
                 last_line = now
                 partial = sum(_partial_size(dest, lock.by_path[p]) for p in list(in_flight))
