@@ -18,6 +18,7 @@ COMMANDS = {
     "bench": ("k3infra.cli.bench", "compare benchmark results with the receipt"),
     "accuracy": ("k3infra.cli.accuracy", "accuracy smoke test with lm-eval (run, compare, fetch)"),
     "verify": ("k3infra.cli.verify", "check a live deployment against the receipt"),
+    "startup": ("k3infra.cli.startup", "the last cold start's phases against their budgets"),
     "engine": ("k3infra.cli.engine", "engine image: build args and plan from the receipt"),
 }
 

@@ -81,6 +81,17 @@ class KubeCluster:
                                f"namespace {self.namespace}, found {len(items)}")
         return self._plain(items[0])
 
+    def serving_pods(self) -> list[dict]:
+        items = self._call("listing serving pods", self.core.list_namespaced_pod,
+                           self.namespace, label_selector=SERVING_SELECTOR).items
+        return sorted((self._plain(p) for p in items), key=lambda p: p["metadata"]["name"])
+
+    def container_log(self, pod: str, container: str, previous: bool = False) -> str:
+        """The container's log with the kubelet's RFC 3339 timestamps on every line."""
+        return self._call(f"reading the log of {pod}/{container}",
+                          self.core.read_namespaced_pod_log, pod, self.namespace,
+                          container=container, timestamps=True, previous=previous)
+
     def read_file(self, pod: str, container: str, path: str) -> Optional[str]:
         """A text file inside a running container; None when it does not exist."""
         from kubernetes.stream import stream

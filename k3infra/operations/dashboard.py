@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
-from k3infra.operations.monitoring import reference_latency
+from k3infra.operations.monitoring import VLLM_CONTAINER, reference_latency
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 
@@ -88,6 +88,24 @@ def cost_panel(gen: str, node_rate_usd_per_hour: float) -> dict:
                   "`k3infra bench cost` gives the same figure from benchmark results.")
 
 
+def cold_start_panel() -> dict:
+    """The last start of each serving pod, from kube-state-metrics' pod timestamps: from
+    scheduling (image pull included) and from the vllm container's start (the weights
+    gate, load, compile, profiling) to Ready. `k3infra startup` splits it into phases
+    and compares each with the render's budget (docs/coldstart.md)."""
+    ready = f"max by (pod) ({series('kube_pod_status_ready_time')}{SEL})"
+    scheduled = f"max by (pod) ({series('kube_pod_status_scheduled_time')}{SEL})"
+    started = (f"max by (pod) ({series('kube_pod_container_state_started')}"
+               f'{{namespace="$namespace", pod=~"$pod", container="{VLLM_CONTAINER}"}})')
+    return _panel("Cold start: time to Ready",
+                  [(f"{ready} - {scheduled}", "scheduled -> Ready {{pod}}"),
+                   (f"{ready} - {started}", "vllm start -> Ready {{pod}}")], "s",
+                  "Seconds from the pod's scheduling (engine image pull included) and from the "
+                  "vllm container's last start (weights gate, load, compile, profiling) to "
+                  "Ready. `k3infra render` prints each phase's budget; `k3infra startup` prints "
+                  "each phase of the last start against it.")
+
+
 def dashboard(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) -> dict:
     ref = reference_latency(receipt)
     legends = reference_legends(receipt)
@@ -136,6 +154,7 @@ def dashboard(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) 
                [(f"sum by (pod) (increase({series('vllm:num_preemptions')}{SEL}{RATE}))",
                  "{{pod}}")], "short",
                "Requests evicted for lack of KV cache and recomputed later."),
+        cold_start_panel(),
     ]
     if node_rate_usd_per_hour is not None:      # no configured rate: no panel, no made-up figure
         panels.append(cost_panel(gen, node_rate_usd_per_hour))
