@@ -34,6 +34,7 @@ APP = "kimi-k3"                      # app.kubernetes.io/name of every instance
 # app.kubernetes.io/component values that selectors of one module match on pods another
 # module builds (NetworkPolicies select the prefetch and benchmark pods).
 PREFETCH_COMPONENT = "weights-prefetch"
+PREPULL_COMPONENT = "image-prepull"
 BENCHMARK_COMPONENT = "benchmark"
 BENCHMARK_RESULTS_COMPONENT = "benchmark-results"
 BENCHMARK_READER_COMPONENT = "benchmark-reader"

@@ -30,7 +30,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
     """`serve_line`: the rendered `vllm serve` line when it is not a StatefulSet's (a
     Docker host's server container, k3infra/host/report.py)."""
     r = receipt
-    budget = startup_budget_seconds(r, cfg.serving)
+    budget = startup_budget_seconds(r, cfg)
     measured = m.is_measured(cfg)
     image = render.outputs.get("image", cfg.engine_image)
     return [
@@ -52,5 +52,5 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
          f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "
          f"pool: {cfg.node_pool.provider}"),
         ("HBM", hbm_fit(r, cfg.gpu_product, cfg.gpu_memory_gib).summary()),
-        ("startup budget", budget.summary()),
+        *budget.rows(),
     ]

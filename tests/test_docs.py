@@ -42,7 +42,7 @@ def test_readme_carries_every_not_measured_item(receipt):
 
 # Sections whose keys are tabled in their concern's doc (configuration.md links there).
 SECTION_DOCS = {"engine": "engine.md", "nodePool": "clouds.md", "benchmark": "benchmark.md",
-                "accuracy": "accuracy.md",
+                "accuracy": "accuracy.md", "coldStart": "coldstart.md",
                 "monitoring": "operations.md", "network": "operations.md"}
 
 
@@ -84,19 +84,22 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
 
     cfg = parse_stack_config({"k3:weightsRevision": "a" * 40, "k3:apiKey": "x",
                               "k3:engineImage": "r@sha256:" + "1" * 64}, receipt=load_receipt())
-    b = startup_budget_seconds(receipt, cfg.serving)
+    b = startup_budget_seconds(receipt, cfg)
     serving = " ".join((ROOT / "docs" / "serving.md").read_text().split())
+    coldstart = " ".join((ROOT / "docs" / "coldstart.md").read_text().split())
     configuration = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
     s = cfg.serving
-    assert (f"{b.gate_seconds} + ceil({b.load_seconds} x {s.startup_safety_factor:g}) + "
-            f"{s.compile_allowance_seconds} = {b.total_seconds} s") in serving
-    assert f"allows {b.failure_threshold} failures" in serving
+    assert (f"`VLLM_ENGINE_READY_TIMEOUT_S` is {b.engine_seconds} s and the startupProbe "
+            f"allows {b.failure_threshold} failures every 10 s ({b.total_seconds} s)") in serving
+    for p in b.phases:
+        assert f"| {p.name} | {p.formula.split(' = ')[0]} | {p.seconds} s |" in coldstart, p.name
+    assert f"engine deadline {b.engine_seconds} s" in coldstart
+    assert f"startupProbe {b.total_seconds} s" in coldstart
     assert f"({m.drain_seconds(receipt, cfg)} s with the shipped receipt" in serving
     assert f"(default {s.termination_grace_seconds} s)" in serving
     assert f"(default {s.cpu})" in serving and f"(default {s.memory_gi} Gi)" in serving
     assert f"(default {s.shm_size_gi} Gi)" in serving
     assert f"slowest measured request ({m.drain_seconds(receipt, cfg)} s)" in configuration
     for key, value in (("cpu", s.cpu), ("memoryGi", s.memory_gi), ("shmSizeGi", s.shm_size_gi),
-                       ("terminationGraceSeconds", s.termination_grace_seconds),
-                       ("compileAllowanceSeconds", s.compile_allowance_seconds)):
+                       ("terminationGraceSeconds", s.termination_grace_seconds)):
         assert f"`serving.{key}` | `{value}`" in configuration, key

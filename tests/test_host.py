@@ -93,22 +93,25 @@ def test_host_stack_registers_image_prefetch_server_proxy_in_order():
 def test_server_runs_the_gate_then_the_receipts_exact_serve_command():
     c = containers(host_render())["kimi-k3-vllm"]["inputs"]
     tokens = [*c["entrypoints"], *c["command"]]
-    # The pods' entrypoint: the bootstrap-checked gate, then `exec vllm serve ...`.
+    # The pods' entrypoint (k3infra/serving/start.py): phase markers and the keyed
+    # compile cache, the bootstrap-checked gate, then `exec vllm serve ...`.
     assert tokens[:2] == ["sh", "-c"]
-    assert tokens[2] == ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
-                         '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
-                         '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
-                         '--workers "$K3_HASH_WORKERS" || exit 1; exec "$@"')
-    assert tokens[3:] == ["k3-gate", *SERVE]
+    gate = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
+            '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
+            '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
+            '--workers "$K3_HASH_WORKERS"')
+    assert (f"k3_phase gate start; {gate} || {{ k3_phase gate fail; exit 1; }}; "
+            'k3_phase gate end; k3_phase engine start; exec "$@"') in tokens[2]
+    assert tokens[3:] == ["k3-start", *SERVE]
     assert c["image"] == PREBUILT_IMAGE and c["gpus"] == "all"
     assert c["shmSize"] == 64 * 1024 and c["privileged"] is False
     assert {u["name"]: (u["soft"], u["hard"]) for u in c["ulimits"]} == {
         "memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
     assert c["ports"] == [{"internal": 8000, "external": 8000, "ip": "127.0.0.1", "protocol": "tcp"},
                           {"internal": 9090, "external": 9090, "ip": "127.0.0.1", "protocol": "tcp"}]
-    # The startup budget of the receipt's 1561.0 GB: the gate's read, then load and
-    # compile: 781 + ceil(781 x 1.5) + 1800 = 3753 s (docs/serving.md).
-    assert c["healthcheck"]["startPeriod"] == "3753s"
+    # The startupProbe's allowance for the receipt's 1561.0 GB with the default
+    # k3:coldStart (docs/coldstart.md): 10 s x ceil((1171 gate + 3631 engine + 60) / 10).
+    assert c["healthcheck"]["startPeriod"] == "4870s"
     assert "http://127.0.0.1:8001/health" in c["healthcheck"]["tests"][-1]
     assert c["restart"] == "unless-stopped" and c["wait"] is True
     assert {m["target"]: m["readOnly"] for m in c["mounts"]} == {"/weights": True, "/cache": False}
@@ -147,7 +150,7 @@ def test_secrets_never_reach_the_plan_and_env_comes_from_the_plan():
     env = host_plan(load(), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm").env
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3753"
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3631"
     assert env["K3_GATE_MODE"] == "warm" and env["K3_GATE_STATE"] == "/var/run/k3-gate"
     assert "PYTHONPATH" not in env and "VLLM_API_KEY" not in env
     assert env["K3_EXPECT_TREE_DIGEST"] == \
@@ -340,12 +343,12 @@ def test_render_writes_compose_with_the_same_containers(tmp_path):
     assert list(s) == ["prefetch", "vllm", "proxy"]
     assert s["vllm"]["image"] == PREBUILT_IMAGE == s["prefetch"]["image"]
     assert s["vllm"]["command"][:2] == ["sh", "-c"]
-    assert s["vllm"]["command"][3:] == ["k3-gate", *SERVE]
+    assert s["vllm"]["command"][3:] == ["k3-start", *SERVE]
     assert doc["x-k3infra"]["serveCommand"] == " ".join(SERVE)
     assert s["vllm"]["depends_on"] == {"prefetch": {"condition": "service_completed_successfully"}}
     assert s["vllm"]["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
-    assert s["vllm"]["healthcheck"]["start_period"] == "3753s"
+    assert s["vllm"]["healthcheck"]["start_period"] == "4870s"
     assert s["vllm"]["ports"][0] == {"host_ip": "127.0.0.1", "published": "8000", "target": 8000,
                                      "protocol": "tcp"}
     assert s["vllm"]["env_file"] == [{"path": "k3-api-key.env", "required": True}]
@@ -391,9 +394,9 @@ def test_compose_file_passes_compose_go(tmp_path):
         "prefetch": "kimi-k3-prefetch", "vllm": "kimi-k3-vllm", "proxy": "kimi-k3-proxy"}
     assert model["volumes"]["kimi-k3-cache"]["name"] == "kimi-k3-cache"
     vllm = model["services"]["vllm"]
-    assert vllm["command"][3:] == ["k3-gate", *SERVE]
+    assert vllm["command"][3:] == ["k3-start", *SERVE]
     # `$$` reached the container as `$`: the shell sees its own variables.
-    assert vllm["command"][2].startswith('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE"')
+    assert 'python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE"' in vllm["command"][2]
     assert vllm["environment"]["VLLM_API_KEY"] == "k3-test-key"
     assert model["services"]["prefetch"]["environment"]["HF_TOKEN"] == "hf_test"
     assert "VLLM_API_KEY" not in model["services"]["prefetch"]["environment"]

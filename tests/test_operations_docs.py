@@ -44,7 +44,7 @@ def test_quoted_figures_are_the_derived_ones(receipt):
     assert f"fires above {mon.p99_threshold_seconds(receipt, cfg):.3f} s" in FLAT
     assert f"default {cfg.monitoring.p99_margin_pct:g} % margin" in FLAT
     assert f"p50 ({ref.p50_ms / 1000:g} s) and p99 ({ref.p99_ms / 1000:g} s)" in FLAT
-    assert f"{startup_budget_seconds(receipt, cfg.serving).total_seconds} s with the defaults" in FLAT
+    assert f"{startup_budget_seconds(receipt, cfg).total_seconds} s with the defaults" in FLAT
     assert f"so it sleeps {m.drain_seconds(receipt, cfg)} s with the shipped receipt" in FLAT
     assert f"default {cfg.serving.termination_grace_seconds})" in FLAT
     assert f"p99 {ref.p99_ms:g} ms at concurrency {ref.concurrency}, rounded up" in FLAT

@@ -61,11 +61,11 @@ class ReceiptInputs:
         model, flags = parse_serve(serve_argv(c))
         if model is None:
             raise ReceiptWriteError("the serving container does not run `vllm serve <model>`")
-        from k3infra.weights.manifests import GATE_ENV_NAMES
+        from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
 
-        # The weights gate's variables are read before `exec vllm serve`, not by vLLM.
+        # The gate's and the start script's variables are read before `exec vllm serve`.
         env = tuple((e["name"], e["value"]) for e in c.get("env") or []
-                    if "value" in e and e["name"] not in GATE_ENV_NAMES)
+                    if "value" in e and e["name"] not in PRE_ENGINE_ENV_NAMES)
         return replace(self, serve_flags=tuple(flags), serve_env=env)
 
     def with_lock(self, lock: dict) -> "ReceiptInputs":

@@ -32,16 +32,12 @@ class CustomConfig(_Section):
 
 
 class ServingConfig(_Section):
-    """Pod sizing and the startup budget's inputs (k3:serving)."""
+    """Pod sizing and the storage the serving pod reads (k3:serving)."""
 
-    # Storage read throughput the weights load sees, GB/s. 2 GB/s is a conservative
+    # Storage read throughput the weights gate sees, GB/s. 2 GB/s is a conservative
     # figure for a parallel file system or one local NVMe; a slow guess only makes the
     # startup budget more generous, a fast one kills pods still loading.
     storage_read_gbps: float = Field(default=2.0, gt=0, alias="storageReadGBps")
-    # torch.compile + CUDA graph capture at TP8 after the load, seconds.
-    compile_allowance_seconds: int = Field(default=1800, ge=0, alias="compileAllowanceSeconds")
-    # Multiplier on the load estimate: err on the generous side.
-    startup_safety_factor: float = Field(default=1.5, ge=1.0, alias="startupSafetyFactor")
     shm_size_gi: int = Field(default=64, ge=1, alias="shmSizeGi")
     cpu: int = Field(default=96, ge=8)
     memory_gi: int = Field(default=1536, ge=64, alias="memoryGi")
@@ -81,6 +77,37 @@ class ServingConfig(_Section):
         if len(set(ports.values())) != len(ports):
             raise ValueError(f"port, metricsPort, healthPort and enginePort must differ: {ports}")
         return self
+
+
+class ColdStartConfig(_Section):
+    """The cold start's phases: rates, allowances and levers (k3:coldStart;
+    k3infra/serving/startup.py, docs/coldstart.md cites each default's source)."""
+
+    # The engine image's compressed size and the registry pull rate: 20-30 GB pulled in
+    # 1-10 min (issue 20's figures); the default is the slow end.
+    image_gb: float = Field(default=30.0, gt=0, alias="imageGB")
+    image_pull_gbps: float = Field(default=0.05, gt=0, alias="imagePullGBps")
+    # The engine's load rate from a hot page cache (vLLM PR 36012: DeepSeek-V3-0324, TP8
+    # on B200, 215-435 s with prefetching; ~689 GB / 435 s = 1.58 GB/s, the slow end).
+    warm_load_gbps: float = Field(default=1.5, gt=0, alias="warmLoadGBps")
+    # ... and with cold lazy mmap reads (the same PR: 1500-3660 s; 689 GB / 3660 s).
+    cold_load_gbps: float = Field(default=0.18, gt=0, alias="coldLoadGBps")
+    # torch.compile + CUDA graph capture at TP8: 4-10 min cold, 1-2 min from a seeded
+    # cache (issue 20's figures; vLLM PR 16848 loads compiled graphs from the cache).
+    compile_cold_seconds: int = Field(default=1200, ge=0, alias="compileColdSeconds")
+    compile_warm_seconds: int = Field(default=240, ge=0, alias="compileWarmSeconds")
+    # "seeded": every serving node's compile cache was seeded (docs/coldstart.md), so
+    # the deadline may assume the warm compile. "cold" assumes nothing.
+    compile_cache: Literal["cold", "seeded"] = Field(default="cold", alias="compileCache")
+    # Memory profiling, KV cache allocation and warmup after the load (an allowance).
+    profiling_seconds: int = Field(default=180, ge=0, alias="profilingSeconds")
+    # Every phase's estimate is multiplied by this: the tail is covered.
+    tail_factor: float = Field(default=1.5, ge=1.0, alias="tailFactor")
+    # Pull the engine image on every serving node while the weights download (a
+    # DaemonSet), so the pull is off the serving pod's path.
+    prepull: bool = True
+    # The prefetch restarts a download that moved no byte for this long (same resume path).
+    download_stall_seconds: int = Field(default=300, ge=30, alias="downloadStallSeconds")
 
 
 # node-local weights live under one of these host prefixes only: the node pools mount
@@ -566,6 +593,7 @@ class StackConfig(_Section):
     surface: SurfaceConfig = Field(default_factory=SurfaceConfig)
     custom: CustomConfig = Field(default_factory=CustomConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
+    cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig, alias="coldStart")
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     node_pool: NodePoolConfig = Field(default_factory=NodePoolConfig, alias="nodePool")

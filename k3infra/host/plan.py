@@ -25,7 +25,7 @@ from k3infra.config import ConfigError, StackConfig
 from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as serving
-from k3infra.serving import proxy
+from k3infra.serving import proxy, start
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import manifests as weights
 
@@ -49,10 +49,10 @@ PROXY_START = (
     'umask 077; printf \'"~^Bearer %s$" 1;\\n\' '
     '"$(printf %s "$VLLM_API_KEY" | sed \'s/[.+]/\\\\&/g\')" > ' + PROXY_KEYS_FILE + '; '
     'exec nginx -e stderr -c "$0" -g "daemon off;"')
-# The server's entrypoint is the pods' (weights.GATE_SCRIPT): the bootstrap checks the
-# runtime files, the gate checks the tree (k3:weights.gateMode), then `exec vllm serve`.
-# Every start of the container, restarts included, goes through the gate.
-GATE_ARGV0 = "k3-gate"
+# The server's entrypoint is the pods' (k3infra/serving/start.py): phase markers and the
+# keyed compile cache, the bootstrap checks the runtime files, the gate checks the tree
+# (k3:weights.gateMode), then `exec vllm serve`. Every start of the container, restarts
+# included, goes through the gate.
 
 
 @dataclass(frozen=True)
@@ -158,13 +158,14 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
         files=files, mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT), tmp],
         one_shot=True)
 
-    budget = startup_budget_seconds(receipt, s)
+    budget = startup_budget_seconds(receipt, cfg)
     model_dir = lay.tree
     args = serving.serve_args(receipt, cfg, model_dir)
     env = {e["name"]: e["value"] for e in serving.serve_env(receipt, cfg, budget, "")
            if "value" in e}
     # The gate's inputs: only K3_* names (the serve-flags policy lets exactly these by).
     env.update(weights.gate_env_map(receipt, cfg, lock_text))
+    env.update({e["name"]: e["value"] for e in start.env(image)})
     health_url = f"http://{serving.ENGINE_HOST}:{s.engine_port}/health"
     ports = [] if h.network_mode == "host" else [
         Port(h.publish_address, s.port, s.port),
@@ -172,7 +173,7 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
         Port("127.0.0.1", s.metrics_port, s.metrics_port)]
     vllm = HostContainer(
         name=SERVER, image=image,
-        command=["sh", "-c", weights.GATE_SCRIPT, GATE_ARGV0, "vllm", "serve", *args],
+        command=[*start.command(weights.GATE_CHECK), "vllm", "serve", *args],
         env=env, secret_env=[API_KEY_ENV], files=files,
         mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT, read_only=True),
                 Mount(cache_volume(instance), serving.CACHE_ROOT, kind="volume"), tmp,
@@ -185,7 +186,7 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
             ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen("
                                      f"{health_url!r}, timeout={HEALTH_TIMEOUT_SECONDS})"],
             HEALTH_INTERVAL_SECONDS, HEALTH_TIMEOUT_SECONDS, HEALTH_RETRIES,
-            # The startup budget (load + compile, with its safety factor).
+            # The startup budget (gate + engine deadline, serving/startup.py).
             budget.total_seconds),
         restart=h.restart, network_mode="host" if h.network_mode == "host" else None,
         depends_on={"prefetch": "service_completed_successfully"})

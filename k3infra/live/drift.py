@@ -90,11 +90,11 @@ def statefulset_drift(sts: dict, receipt: Receipt,
     for name, value in want_env.items():
         got = env.get(name, {}).get("value")
         _row(out, area, f"env {name}", value, got if name in env else "(unset)", got == value)
-    # The weights gate's own variables are read before `exec vllm serve`, not by vLLM.
-    from k3infra.weights.manifests import GATE_ENV_NAMES
+    # The gate's and the start script's variables are read before `exec vllm serve`.
+    from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
 
     extra_env = sorted(n for n in env if n not in want_env and n not in receipt.serve.surface.env
-                       and n not in GATE_ENV_NAMES)
+                       and n not in PRE_ENGINE_ENV_NAMES)
     _row(out, area, "no other engine-path env", "(none)", ", ".join(extra_env) or "(none)",
          not extra_env)
     key = env.get("VLLM_API_KEY", {})

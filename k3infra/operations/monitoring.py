@@ -104,7 +104,7 @@ def _starting(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> str:
     """Pods whose vLLM container started within the startup budget: loading 1.5 TB and
     capturing graphs, not down. Used with `unless`, so without kube-state-metrics the
     alerts still fire (also during a start)."""
-    budget = startup_budget_seconds(receipt, cfg.serving).total_seconds
+    budget = startup_budget_seconds(receipt, cfg).total_seconds
     started = series("kube_pod_container_state_started")
     return (f"(time() - {started}{selector(names, container=VLLM_CONTAINER)} < {budget})")
 
@@ -114,7 +114,7 @@ def alert_rules(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> li
     sel = selector(names)
     ns = names.namespace
     starting = _starting(receipt, cfg, names)
-    budget = startup_budget_seconds(receipt, cfg.serving).total_seconds
+    budget = startup_budget_seconds(receipt, cfg).total_seconds
     ref = reference_latency(receipt)
     p99_s = p99_threshold_seconds(receipt, cfg)
     gpus = receipt.measured_gpu.gpus_per_node

@@ -17,7 +17,8 @@ Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network
 minus `k3:network.clusterCidrs` and link-local 169.254.0.0/16: the cloud's instance
 metadata service, in-cluster services and the node network are never "the Hub").
 Weights audit pods (k3:weights.auditSchedule) are selected by no allow rule: the default
-deny leaves them no ingress and no egress (they read a volume and print).
+deny leaves them no ingress and no egress (they read a volume and print). So are the
+engine image pre-pull pods (k3:coldStart.prepull): they only sleep; the kubelet pulls.
 
 Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
 the serving pods' API port (its tokenizer comes from the weights directory, offline);

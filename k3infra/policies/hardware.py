@@ -3,8 +3,6 @@ HBM that holds the weights, memory-backed /dev/shm, and a startup budget long en
 load the weights."""
 from __future__ import annotations
 
-import math
-
 from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation,
                            ResourceValidationArgs, ResourceValidationPolicy, StackValidationArgs,
                            StackValidationPolicy)
@@ -14,7 +12,7 @@ from k3infra.placement import GPU_RESOURCE
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import as_int, get, items, workloads
 from k3infra.receipt import load_receipt
-from k3infra.serving.startup import startup_budget_seconds
+from k3infra.serving import startup as budgets
 
 _R = load_receipt()
 _GPUS = _R.measured_gpu.gpus_per_node
@@ -150,12 +148,13 @@ dev_shm = ResourceValidationPolicy(
 
 # --- startup budget -----------------------------------------------------------------------
 
-def required_startup_seconds(args) -> int:
+def required_budget(args) -> budgets.StartupBudget:
     serving = stack_config.serving()
     override = args.get_config().get("storageReadGBps")
     if override is not None:
         serving = serving.model_copy(update={"storage_read_gbps": float(override)})
-    return startup_budget_seconds(_R, serving).total_seconds
+    return budgets.startup_budget(_R, serving, stack_config.cold_start(),
+                                  stack_config.weights().gate_mode)
 
 
 def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -163,13 +162,16 @@ def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> No
         servers = wl.vllm_servers()
         if not servers:
             continue
-        need = required_startup_seconds(args)
+        budget = required_budget(args)
+        # The probe must outlast the gate and the engine's own deadline; the engine's
+        # deadline must cover load + compile + profiling (k3infra.serving.startup).
+        need, engine = budget.seconds("gate") + budget.engine_seconds, budget.engine_seconds
         for c in servers:
             probe = get(c.spec, "startupProbe")
             where = f"{wl.kind} {wl.name} container {c.name}"
             if probe is None:
                 report(f"{where}: no startupProbe; liveness would kill a pod still loading "
-                       f"(needs {need} s)", None)
+                       f"(needs more than {need} s)", None)
             else:
                 fields = {k: as_int(get(probe, k, default=d)) for k, d in _PROBE_DEFAULTS.items()}
                 if None in fields.values():
@@ -177,26 +179,28 @@ def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> No
                 else:
                     have = (fields["initialDelaySeconds"]
                             + fields["periodSeconds"] * fields["failureThreshold"])
-                    if have < need:
+                    if have <= need:
                         report(f"{where}: startupProbe allows {have} s (periodSeconds "
                                f"{fields['periodSeconds']} x failureThreshold "
-                               f"{fields['failureThreshold']}); loading and compiling needs "
-                               f"{need} s (failureThreshold >= "
-                               f"{math.ceil((need - fields['initialDelaySeconds']) / max(fields['periodSeconds'], 1))})",
+                               f"{fields['failureThreshold']}); the weights gate and the engine's "
+                               f"deadline take {need} s (failureThreshold > "
+                               f"{(need - fields['initialDelaySeconds']) // max(fields['periodSeconds'], 1)})",
                                None)
             ready = as_int(c.env_value(ENGINE_READY_ENV))
-            if ready is None or ready < need:
+            if ready is None or ready < engine:
                 report(f"{where}: env {ENGINE_READY_ENV} is {c.env_value(ENGINE_READY_ENV)!r}; "
-                       f"the engine would give up before the {need} s a load needs", None)
+                       f"the engine would give up before the {engine} s that load, compile and "
+                       "profiling need", None)
 
 
 startup_budget = ResourceValidationPolicy(
     name="k3-startup-budget",
-    description=(f"The vLLM startupProbe (initialDelaySeconds + periodSeconds x failureThreshold) "
-                 f"and {ENGINE_READY_ENV} cover loading the receipt's {_R.model.size_gb:g} GB of "
-                 "weights at the stack's storage read throughput, with its safety factor and "
-                 "compile allowance (k3infra.serving.startup): nothing listens until the load "
-                 "and graph capture finish, and a probe that fires early restarts the load."),
+    description=(f"{ENGINE_READY_ENV} covers the engine's load of the receipt's "
+                 f"{_R.model.size_gb:g} GB, compile and profiling, and the vLLM startupProbe "
+                 "(initialDelaySeconds + periodSeconds x failureThreshold) outlasts the weights "
+                 "gate plus that deadline, each phase budgeted from the stack's k3:serving and "
+                 "k3:coldStart (k3infra.serving.startup): nothing listens until the load and "
+                 "graph capture finish, and a probe that fires early restarts the load."),
     validate=_startup_budget,
     enforcement_level=EnforcementLevel.MANDATORY,
     config_schema=PolicyConfigSchema(properties={

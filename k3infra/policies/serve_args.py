@@ -13,7 +13,7 @@ from typing import Optional
 
 from k3infra.policies.workloads import get
 from k3infra.receipt import Receipt
-from k3infra.weights.manifests import GATE_ENV_NAMES
+from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ def serve_drift(receipt: Receipt, tokens: list[str], env: list[Mapping],
         if name in engine_names:
             literal = get(entry, "value")
             found_env.append((name, None if literal is None else str(literal)))
-        elif name in GATE_ENV_NAMES:
-            continue            # the weights gate's, read before `exec vllm serve`
+        elif name in PRE_ENGINE_ENV_NAMES:
+            continue            # the gate's and start script's, read before `exec vllm serve`
         elif name not in receipt.serve.surface.env:
             problems.append(f"env {name} is not an allow-listed surface variable of receipt "
                             f"{rid} ({', '.join(receipt.serve.surface.env)}); engine-path "

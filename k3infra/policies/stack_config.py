@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from k3infra.config import (CONFIG_NAMESPACE, ConfigError, ServingConfig, WeightsConfig,
-                            decode_value)
+from k3infra.config import (CONFIG_NAMESPACE, ColdStartConfig, ConfigError, ServingConfig,
+                            WeightsConfig, decode_value)
 
 
 def value(key: str) -> Any:
@@ -43,6 +43,10 @@ def _section(key: str, model: type[BaseModel]) -> Any:
 
 def serving() -> ServingConfig:
     return _section("serving", ServingConfig)
+
+
+def cold_start() -> ColdStartConfig:
+    return _section("coldStart", ColdStartConfig)
 
 
 def weights() -> WeightsConfig:

@@ -9,13 +9,9 @@ from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, child_options
 from k3infra.receipt import Receipt
-from k3infra.serving import manifests as m
+from k3infra.serving import manifests as m, prepull
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights.manifests import WeightsParts
-
-# How long `pulumi up` waits for the StatefulSet beyond the pods' own startup budget
-# (scheduling, image pull of a multi-GB engine image, init-container verification).
-ROLLOUT_MARGIN_SECONDS = 1800
 
 
 class VllmServing(pulumi.ComponentResource):
@@ -36,15 +32,21 @@ class VllmServing(pulumi.ComponentResource):
         plain = inputs.plain
         parts = weights if callable(weights) else (lambda _c: weights)
         super().__init__("k3infra:index:VllmServing", name, None, opts)
-        budget = startup_budget_seconds(receipt, plain.serving)
-        # Pods start together on create (Parallel) but roll one node at a time on update.
-        create = f"{(budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
-        update = f"{(plain.replicas * budget.total_seconds + ROLLOUT_MARGIN_SECONDS) // 60}m"
+        # The image pull, then the startupProbe's allowance, plus scheduling; pods start
+        # together on create (Parallel) but roll one node at a time on update.
+        create_s, update_s = startup_budget_seconds(receipt, plain).await_seconds(plain.replicas)
+        create, update = f"{-(-create_s // 60)}m", f"{-(-update_s // 60)}m"
         self.statefulset = apply_built(
             f"{name}-statefulset", inputs,
             lambda c: m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins),
             child_options(self, opts, *depends_on,
                           custom_timeouts=pulumi.CustomTimeouts(create=create, update=update)))
+        if plain.cold_start.prepull:
+            # Not behind the weights Job: the pull runs while the weights download.
+            apply_built(f"{name}-prepull", inputs,
+                        lambda c: prepull.daemonset(c, image, names.base, names.namespace,
+                                                    m.labels(instance), instance),
+                        child_options(self, opts))
         for i, svc in enumerate(m.services(plain, names, instance)):
             apply_built(f"{name}-svc-{svc['metadata']['name']}", inputs,
                         lambda c, i=i: m.services(c, names, instance)[i], child_options(self, opts))

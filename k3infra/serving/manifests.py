@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3infra import checkov_skips, naming, placement
-from k3infra.serving import proxy
+from k3infra.serving import proxy, start
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
 from k3infra.receipt import Receipt
-from k3infra.serving.startup import PROBE_PERIOD_SECONDS, StartupBudget, startup_budget_seconds
-from k3infra.weights.manifests import WeightsParts
+from k3infra.serving.startup import (BUDGET_ANNOTATION, PROBE_PERIOD_SECONDS, StartupBudget,
+                                     startup_budget_seconds)
+from k3infra.weights.manifests import GATE_CHECK, WeightsParts
 
 APP = naming.APP
-CACHE_ROOT = "/cache"                 # the compile-cache volume (survives pod restarts)
+CACHE_ROOT = start.CACHE_ROOT         # the compile-cache volume (survives pod restarts)
 API_KEY_SECRET_KEY = "api-key"
 PROXY_SECRET_VOLUME = "proxy"
 # vLLM answers only inside the pod (the proxy is its one client).
@@ -128,11 +129,10 @@ def serve_env(receipt: Receipt, cfg: StackConfig, budget: StartupBudget,
         env.update(cfg.custom.env)
     env.update({
         "HF_HUB_OFFLINE": "1",                       # a serving pod never reaches the Hub
-        "VLLM_ENGINE_READY_TIMEOUT_S": str(budget.total_seconds),
-        "VLLM_CACHE_ROOT": f"{CACHE_ROOT}/vllm",
-        "TRITON_CACHE_DIR": f"{CACHE_ROOT}/triton",
-        "XDG_CACHE_HOME": f"{CACHE_ROOT}/xdg",
-        "HOME": "/tmp",
+        # The engine's own deadline: load + compile + profiling (serving/startup.py).
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(budget.engine_seconds),
+        # Compile caches under /cache/current, the start script's keyed directory.
+        **start.CACHE_ENV,
     })
     env.update(cfg.surface.env)
     out = [{"name": k, "value": str(v)} for k, v in env.items()]
@@ -217,10 +217,12 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "name": "vllm",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        # The weights gate runs first on every start of this container (restarts too).
-        "command": [*weights.gate_command, "vllm", "serve"],
+        # The start script (phase markers, keyed compile cache), then the weights gate,
+        # on every start of this container (restarts too), then `exec vllm serve`.
+        "command": [*start.command(GATE_CHECK), "vllm", "serve"],
         "args": serve_args(receipt, cfg, weights.model_dir),
-        "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env],
+        "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env,
+                *start.env(image)],
         "resources": {
             "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
             "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
@@ -240,7 +242,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
 def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
                 names: ServingNames, instance: str, engine_pins: dict[str, str]) -> dict:
     """One pod = one 8-GPU node = one replica."""
-    budget = startup_budget_seconds(receipt, cfg.serving)
+    budget = startup_budget_seconds(receipt, cfg)
     sel = selector_labels(instance)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -287,7 +289,8 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
             "template": {"metadata": {"labels": labels(instance),
                                       "annotations": {**pin_annotations(receipt, cfg, engine_pins),
                                                       "k3infra.dev/proxy-config":
-                                                          proxy.conf_digest(cfg)}},
+                                                          proxy.conf_digest(cfg),
+                                                      BUDGET_ANNOTATION: budget.annotation()}},
                          "spec": pod_spec},
             "volumeClaimTemplates": [cache_claim, *weights.claim_templates],
         },

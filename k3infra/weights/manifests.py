@@ -35,10 +35,11 @@ GATE_STATE_DIR = "/var/run/k3-gate"     # stamps mode: the pod-private record (a
 HASH_WORKERS = 32
 # The serving container's entrypoint: the gate, then vLLM (exec: vLLM is PID 1's child
 # no more, signals reach it). It runs on every container start, restarts included.
-GATE_SCRIPT = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
-               '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
-               '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
-               '--workers "$K3_HASH_WORKERS" || exit 1; exec "$@"')
+GATE_CHECK = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
+              '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
+              '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
+              '--workers "$K3_HASH_WORKERS"')
+GATE_SCRIPT = GATE_CHECK + ' || exit 1; exec "$@"'
 
 # The prefetch container's entrypoint: the bootstrap checks the runtime files, then runs
 # prefetch.sh from the verified copies.
@@ -244,7 +245,11 @@ def _gate_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
 def _prefetch_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
                   lock_text: Optional[str], hf_token_secret: Optional[str]) -> list[dict]:
     env = [*_base_env(receipt, cfg, lay, lock_text),
+           # hf_xet's high-performance mode (huggingface/hub-docs PR 2260), and the stall
+           # watchdog's window (k3infra/weights/prefetch.py, docs/coldstart.md).
            {"name": "HF_XET_HIGH_PERFORMANCE", "value": "1"},
+           {"name": "K3_DOWNLOAD_STALL_SECONDS",
+            "value": str(cfg.cold_start.download_stall_seconds)},
            {"name": "HOME", "value": "/tmp"}]
     if hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {

@@ -106,7 +106,7 @@ def live(dyn, key: tuple):
 LABELLED_KINDS = (
     ("v1", "Namespace"), ("v1", "Secret"), ("v1", "ConfigMap"), ("v1", "Service"),
     ("v1", "ServiceAccount"), ("v1", "PersistentVolumeClaim"), ("v1", "Pod"),
-    ("networking.k8s.io/v1", "NetworkPolicy"), ("apps/v1", "StatefulSet"),
+    ("networking.k8s.io/v1", "NetworkPolicy"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
     ("batch/v1", "Job"), ("batch/v1", "CronJob"), ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
 )
@@ -181,8 +181,8 @@ def test_apply_admit_and_destroy(on_server, kube, tmp_path):
 
     # The server admits a Pod from each pod template under those labels, and refuses the
     # same Pod made privileged, with its own message.
-    templated = [k for k in keys if k[1] in ("StatefulSet", "Job")]
-    assert {k[1] for k in templated} == {"StatefulSet", "Job"}
+    templated = [k for k in keys if k[1] in ("StatefulSet", "Job", "DaemonSet")]
+    assert {k[1] for k in templated} == {"StatefulSet", "Job", "DaemonSet"}
     for key in templated:
         pod = pod_from_template(objects[key], f"dry-run-{key[3]}"[:63])
         core.create_namespaced_pod(key[2], pod, dry_run="All")

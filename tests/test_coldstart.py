@@ -1,0 +1,288 @@
+"""Cold start (issue 20): the deadlines as the RENDERED objects carry them, never the
+builder's maths; the start script run for real by `sh`; the image pre-pull DaemonSet;
+the timeline read back from a pod and its log."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from k3infra.serving import start, startup
+from k3infra.serving.timeline import timeline
+from k3infra.summary import summary_rows
+from k3infra.weights.manifests import GATE_CHECK
+
+from conftest import GOOD_REVISION, PREBUILT, container, manifest, render
+
+PIN = f"weightsRevision={GOOD_REVISION}"
+
+
+def env_of(c: dict) -> dict:
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+def rendered_deadlines(r) -> dict:
+    """Every timeout that can end a start, read from the rendered objects."""
+    sts = manifest(r, "StatefulSet")
+    pod = sts["spec"]["template"]
+    vllm = container(r)
+    probe = vllm["startupProbe"]
+    (res,) = [x for x in r.resources if x["inputs"] is sts]
+    minutes = {k: int(v.rstrip("m")) * 60 for k, v in res["customTimeouts"].items()}
+    return {"budgets": json.loads(pod["metadata"]["annotations"][startup.BUDGET_ANNOTATION]),
+            "engine": int(env_of(vllm)["VLLM_ENGINE_READY_TIMEOUT_S"]),
+            "probe": probe.get("initialDelaySeconds", 0)
+            + probe["periodSeconds"] * probe["failureThreshold"],
+            "await_create": minutes["create"], "await_update": minutes["update"],
+            "replicas": sts["spec"]["replicas"], "pod": pod, "vllm": vllm}
+
+
+def test_default_stack_budgets_are_the_documented_numbers():
+    """The receipt's 1561.0 GB with every k3:coldStart default (docs/coldstart.md)."""
+    d = rendered_deadlines(render("existing", PIN))
+    assert d["budgets"] == {"pull": 900, "gate": 1171, "load": 1561, "compile": 1800,
+                            "profiling": 270, "engine": 3631, "probe": 4870}
+    assert d["engine"] == 3631
+    assert d["vllm"]["startupProbe"]["periodSeconds"] == 10
+    assert d["vllm"]["startupProbe"]["failureThreshold"] == 487
+    assert "initialDelaySeconds" not in d["vllm"]["startupProbe"]
+    # pull 900 + probe 4870 + 1800 s scheduling, in whole minutes: 7570 s -> 127 min.
+    assert d["await_create"] == d["await_update"] == 127 * 60
+
+
+@pytest.mark.parametrize("overrides", [
+    (),
+    ("weights.gateMode=stamps",),
+    ("serving.storageReadGBps=0.5",),
+    ("serving.memoryGi=512",),                       # the page cache cannot hold the tree
+    ('coldStart={"compileCache": "seeded", "tailFactor": 1.2}',),
+    ("replicas=3", 'serving={"updatePartition": 2}'),
+])
+def test_no_timeout_fires_before_the_engines_own_deadline(overrides):
+    r = render("existing", PIN, *overrides)
+    d = rendered_deadlines(r)
+    b = d["budgets"]
+    # The engine's own deadline covers load + compile + profiling.
+    assert d["engine"] == b["load"] + b["compile"] + b["profiling"]
+    # The startupProbe outlasts the gate and the engine's deadline, strictly.
+    assert d["probe"] > b["gate"] + d["engine"]
+    # Liveness and readiness exist only behind the startupProbe (Kubernetes runs them
+    # once it passed); no readiness gate waits on anything else.
+    assert {"startupProbe", "livenessProbe", "readinessProbe"} <= set(d["vllm"])
+    assert "readinessGates" not in d["pod"]["spec"]
+    # The proxy sidecar never restarts for a loading engine: its liveness is nginx's own
+    # path, and it has no startupProbe that could give up.
+    proxy = container(r, "proxy")
+    assert proxy["livenessProbe"]["httpGet"]["path"] == "/proxy-live"
+    assert "startupProbe" not in proxy
+    # `pulumi up` waits for the pull and the whole probe, per replica on an update.
+    assert d["await_create"] > b["pull"] + d["probe"]
+    assert d["await_update"] >= d["replicas"] * (b["pull"] + d["probe"])
+
+
+def test_budgets_follow_the_levers():
+    default = rendered_deadlines(render("existing", PIN))["budgets"]
+    stamps = rendered_deadlines(render("existing", PIN, "weights.gateMode=stamps"))["budgets"]
+    seeded = rendered_deadlines(render("existing", PIN, 'coldStart={"compileCache": "seeded"}'))["budgets"]
+    # No warm page cache: the load reads cold at coldLoadGBps 0.18 (1561 / 0.18 x 1.5).
+    assert stamps["load"] == 13009 and default["load"] == 1561
+    # A seeded compile cache: compileWarmSeconds 240 x 1.5.
+    assert seeded["compile"] == 360 and default["compile"] == 1800
+
+
+def test_render_prints_each_phase_with_its_formula_and_the_total(receipt):
+    from k3infra.config import parse_stack_config
+
+    r = render("existing", PIN)
+    cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=receipt)
+    rows = dict(summary_rows(cfg, r, receipt))
+    assert rows["cold start: pull"] == ("900 s = 30 GB image / imagePullGBps 0.05 = 600 s x 1.5 tail")
+    assert rows["cold start: gate"] == "1171 s = 1561.0 GB / storageReadGBps 2 = 780.5 s x 1.5 tail"
+    assert rows["cold start: load"] == "1561 s = 1561.0 GB / warmLoadGBps 1.5 = 1040.7 s x 1.5 tail"
+    assert rows["cold start: compile"].startswith("1800 s = compileColdSeconds 1200")
+    assert rows["cold start: profiling"] == "270 s = profilingSeconds 180 = 180 s x 1.5 tail"
+    assert rows["cold start: engine deadline"].startswith("3631 s = load + compile + profiling")
+    assert rows["startup budget"] == ("4870 s startupProbe (every 10 s x 487) > 1171 s gate + "
+                                      "3631 s engine deadline + 60 s API server; with the 900 s "
+                                      "image pull: 5770 s per pod")
+
+
+# ---- compile caches and the start script ----------------------------------------------
+
+def test_the_serving_container_starts_through_the_start_script(receipt):
+    c = container(render("existing", PIN, *PREBUILT))
+    assert c["command"][:2] == ["sh", "-c"] and c["command"][3:] == ["k3-start", "vllm", "serve"]
+    assert GATE_CHECK in c["command"][2]
+    env = env_of(c)
+    assert env["VLLM_CACHE_ROOT"] == "/cache/current/vllm"
+    assert env["TRITON_CACHE_DIR"] == "/cache/current/triton"
+    assert env["XDG_CACHE_HOME"] == "/cache/current/xdg"
+    assert env["HOME"] == "/cache/current/home"          # FlashInfer: $HOME/.cache/flashinfer
+    assert env["K3_ENGINE_IMAGE"] == PREBUILT[1].split("=", 1)[1]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts["/cache"] == "cache"
+
+
+def _run_start(tmp_path: Path, gate: str, driver: str, image: str) -> subprocess.CompletedProcess:
+    """The rendered script under `sh`, with /cache moved into tmp_path, a stand-in
+    nvidia-smi, `gate` as the weights gate and an engine that prints its cache env."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{driver}, NVIDIA B300 SXM6 AC'\n")
+    smi.chmod(0o755)
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    script = start.script(gate).replace(start.CACHE_ROOT, str(cache))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", start.IMAGE_ENV: image,
+           "VLLM_CACHE_ROOT": f"{cache}/current/vllm"}
+    engine = ["sh", "-c", 'echo "engine argv=$* cache=$(readlink -f $VLLM_CACHE_ROOT)"', "vllm"]
+    return subprocess.run(["sh", "-c", script, start.ARGV0, *engine, "serve", "/weights"],
+                          env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_start_script_keys_the_cache_by_image_driver_and_gpu(tmp_path):
+    image = "registry.example.com/k3/vllm@sha256:" + "ab" * 32
+    first = _run_start(tmp_path, "true", "590.44.01", image)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    key = next(ln for ln in lines if ln.startswith("k3-compile-cache ")).split()[1][len("key="):]
+    assert len(key) == 16
+    cache = tmp_path / "cache"
+    assert os.readlink(cache / "current") == f"k3-{key}"
+    assert (cache / f"k3-{key}" / "KEY").read_text() == (
+        "image=sha256:" + "ab" * 32 + "\ngpu=590.44.01, NVIDIA B300 SXM6 AC\n")
+    assert [ln.split(" ts=")[0] for ln in lines if ln.startswith("k3-phase")] == [
+        "k3-phase name=gate event=start", "k3-phase name=gate event=end",
+        "k3-phase name=engine event=start"]
+    assert lines[-1] == f"engine argv=serve /weights cache={cache}/k3-{key}/vllm"
+    # The same inputs find the same directory; a new driver gets a new, empty one.
+    again = _run_start(tmp_path, "true", "590.44.01", image)
+    assert f"key={key}" in again.stdout
+    newer = _run_start(tmp_path, "true", "595.10.02", image)
+    other = next(ln for ln in newer.stdout.splitlines() if ln.startswith("k3-compile-cache "))
+    assert f"key={key}" not in other and os.readlink(cache / "current") != f"k3-{key}"
+
+
+def test_a_refusing_gate_stops_the_start_before_the_engine(tmp_path):
+    run = _run_start(tmp_path, "false", "590.44.01", "r@sha256:" + "1" * 64)
+    assert run.returncode == 1
+    assert "k3-phase name=gate event=fail" in run.stdout and "engine argv" not in run.stdout
+
+
+# ---- image pre-pull ----------------------------------------------------------------------
+
+def test_prepull_daemonset_pulls_the_engine_image_on_the_serving_nodes():
+    r = render("existing", PIN, *PREBUILT)
+    ds = manifest(r, "DaemonSet", "kimi-k3-prepull")
+    sts = manifest(r, "StatefulSet")
+    spec, serving = ds["spec"]["template"]["spec"], sts["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["image"] == container(r)["image"] == PREBUILT[1].split("=", 1)[1]
+    assert c["command"] == ["sleep", "infinity"] and c["imagePullPolicy"] == "IfNotPresent"
+    assert c["resources"] == {"requests": {"cpu": "10m", "memory": "16Mi"},
+                              "limits": {"cpu": "50m", "memory": "32Mi"}}
+    assert spec["affinity"]["nodeAffinity"] == serving["affinity"]["nodeAffinity"]
+    assert spec["tolerations"] == serving["tolerations"]
+    assert spec["automountServiceAccountToken"] is False
+    assert c["securityContext"]["runAsNonRoot"] and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert ds["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    # Not behind the weights Job: the pull runs while the weights download.
+    (res,) = [x for x in r.resources if x["inputs"] is ds]
+    jobs = {x["urn"] for x in r.resources if x["inputs"].get("kind") == "Job"}
+    assert not jobs & set(res["dependsOn"])
+    assert not [m for m in render("existing", PIN, "coldStart.prepull=false").manifests()
+                if m["kind"] == "DaemonSet"]
+
+
+# ---- the timeline ------------------------------------------------------------------------
+
+LOG = """\
+2026-12-01T10:02:00.000000001Z k3-compile-cache key=0123456789abcdef dir=/cache/k3-0123456789abcdef gpu="590.44.01, NVIDIA B300" image=sha256:ab
+2026-12-01T10:02:00.100000000Z k3-phase name=gate event=start ts=2026-12-01T10:02:00Z
+2026-12-01T10:15:00.100000000Z k3-phase name=gate event=end ts=2026-12-01T10:15:00Z
+2026-12-01T10:15:00.200000000Z k3-phase name=engine event=start ts=2026-12-01T10:15:00Z
+2026-12-01T10:30:00.000000000Z (Worker_TP0 pid=1) INFO 12-01 10:30:00 [default_loader.py:1] Loading weights took 880.10 seconds
+2026-12-01T10:31:40.000000000Z (Worker_TP7 pid=8) INFO 12-01 10:31:40 [default_loader.py:1] Loading weights took 980.00 seconds
+2026-12-01T10:32:00.000000000Z (Worker_TP0 pid=1) INFO 12-01 10:32:00 [backends.py:1] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 1.7 s
+2026-12-01T10:35:00.000000000Z (Worker_TP0 pid=1) INFO 12-01 10:35:00 [gpu_model_runner.py:1] Graph capturing finished in 95 secs
+2026-12-01T10:36:00.000000000Z (APIServer pid=1) INFO:     Application startup complete.
+"""
+
+
+def pod(restarts: int = 0) -> dict:
+    budget = {"pull": 900, "gate": 1171, "load": 1561, "compile": 1800, "profiling": 270,
+              "engine": 3631, "probe": 4870}
+    return {"metadata": {"name": "kimi-k3-0",
+                         "annotations": {startup.BUDGET_ANNOTATION: json.dumps(budget)}},
+            "status": {"conditions": [{"type": "PodScheduled",
+                                       "lastTransitionTime": "2026-12-01T10:00:00Z"}],
+                       "containerStatuses": [{"name": "vllm", "restartCount": restarts, "state": {
+                           "running": {"startedAt": "2026-12-01T10:02:00Z"}}}]}}
+
+
+def test_timeline_of_the_last_start_against_the_budgets():
+    t = timeline(pod(), LOG)
+    rows = {r[0]: r[1:] for r in t.rows()}
+    assert rows["pull"] == ("2026-12-01T10:00:00Z", "120", "900", "13% of budget")
+    assert rows["gate"] == ("2026-12-01T10:02:00Z", "780", "1171", "67% of budget")
+    assert rows["load"] == ("2026-12-01T10:15:00Z", "1000", "1561", "64% of budget")
+    assert rows["compile"] == ("2026-12-01T10:31:40Z", "200", "1800", "11% of budget")
+    assert rows["profiling"] == ("2026-12-01T10:35:00Z", "60", "270", "22% of budget")
+    assert rows["engine (load+compile+profiling)"][1:] == ("1260", "3631", "35% of budget")
+    assert rows["container start -> ready"][1:] == ("2040", "4870", "42% of budget")
+    assert t.cache_key == "0123456789abcdef" and t.compile_cache.startswith("hit")
+
+
+def test_timeline_names_a_phase_over_budget_and_drops_the_pull_after_a_restart():
+    slow = LOG.replace("2026-12-01T10:15:00.100000000Z k3-phase name=gate event=end "
+                       "ts=2026-12-01T10:15:00Z",
+                       "2026-12-01T10:25:00.100000000Z k3-phase name=gate event=end "
+                       "ts=2026-12-01T10:25:00Z")
+    rows = {r[0]: r[1:] for r in timeline(pod(restarts=1), slow).rows()}
+    assert rows["gate"][1:] == ("1380", "1171", "118% of budget OVER")
+    assert rows["pull"][1:] == ("-", "900", "not recorded")
+
+
+def test_startup_command_prints_each_pod_and_exits_1_on_a_phase_over_budget(monkeypatch, capsys):
+    from k3infra.cli import main
+    from k3infra.live import cluster
+
+    logs = {"kimi-k3-0": LOG, "kimi-k3-1": LOG.replace("10:36:00.000000000Z", "11:59:00.000000000Z")}
+
+    class Fake:
+        def __init__(self, api, namespace):
+            assert namespace == "kimi-k3"
+
+        def serving_pods(self):
+            return [dict(pod(), metadata=dict(pod()["metadata"], name=n)) for n in logs]
+
+        def container_log(self, name, container, previous=False):
+            assert container == "vllm" and previous is False
+            return logs[name]
+
+    monkeypatch.setattr(cluster, "connect", lambda *a: object())
+    monkeypatch.setattr(cluster, "KubeCluster", Fake)
+    assert main(["startup", "--pod", "kimi-k3-0"]) == 0
+    out = capsys.readouterr().out
+    assert "cold start of kimi-k3-0" in out and "kimi-k3-1" not in out
+    assert "compile cache: hit" in out
+    assert main(["startup"]) == 1                    # kimi-k3-1's profiling ran 84 minutes
+    assert "OVER" in capsys.readouterr().out
+
+
+def test_dashboard_panel_plots_time_to_ready_per_pod(receipt):
+    from k3infra.operations import dashboard as d
+
+    (panel,) = [p for p in d.dashboard(receipt)["panels"] if p["title"] == "Cold start: time to Ready"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert exprs == [
+        'max by (pod) (kube_pod_status_ready_time{namespace="$namespace", pod=~"$pod"}) - '
+        'max by (pod) (kube_pod_status_scheduled_time{namespace="$namespace", pod=~"$pod"})',
+        'max by (pod) (kube_pod_status_ready_time{namespace="$namespace", pod=~"$pod"}) - '
+        'max by (pod) (kube_pod_container_state_started{namespace="$namespace", pod=~"$pod", '
+        'container="vllm"})']
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
