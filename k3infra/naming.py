@@ -39,6 +39,9 @@ BENCHMARK_COMPONENT = "benchmark"
 BENCHMARK_RESULTS_COMPONENT = "benchmark-results"
 BENCHMARK_READER_COMPONENT = "benchmark-reader"
 ACCURACY_COMPONENT = "accuracy-smoke"
+# The inference gateway's endpoint picker (k3infra/gateway): the serving pods' policy
+# admits it to their metrics port.
+EPP_COMPONENT = "endpoint-picker"
 LABEL_MAX = 63                       # Kubernetes label values and DNS labels
 # The longest derived name is the in-cluster build's context ConfigMap,
 # `<instance>-engine-context-<10 hex>` (26 characters on top of the instance); every

@@ -48,6 +48,9 @@ from k3infra.config.models import (
     BenchmarkConfig,
     MonitoringConfig,
     NetworkConfig,
+    GatewayConfig,
+    AutoscalingConfig,
+    EPP_IMAGE,
     StackConfig)
 from k3infra.config.parse import (
     decode_value,
@@ -91,6 +94,9 @@ __all__ = [
     "BenchmarkConfig",
     "MonitoringConfig",
     "NetworkConfig",
+    "GatewayConfig",
+    "AutoscalingConfig",
+    "EPP_IMAGE",
     "StackConfig",
     "decode_value",
     "parse_stack_config",

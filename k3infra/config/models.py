@@ -526,6 +526,114 @@ class NetworkConfig(_Section):
         return v
 
 
+# The maintained endpoint picker (llm-d-router, where the Gateway API Inference Extension's
+# EPP moved), by digest. The shipped digest is an all-zero placeholder: renders work,
+# `pulumi up` refuses it (docs/gateway.md shows how to read the tag's digest).
+EPP_IMAGE = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0@sha256:" + "0" * 64
+
+
+class GatewayConfig(_Section):
+    """The opt-in inference gateway (k3:gateway; k3infra/gateway, docs/gateway.md): an
+    InferencePool over the serving pods, its endpoint picker, a Gateway + HTTPRoute on
+    the implementation named here, and that implementation's API-key policy."""
+
+    enabled: bool = False
+    # The GatewayClass of an installed implementation (Envoy Gateway's quickstart: eg).
+    class_name: Optional[str] = Field(default=None, alias="className")
+    # Which implementation the class belongs to: decides the key policy k3infra renders
+    # and where its proxy pods run (the NetworkPolicy's peers).
+    implementation: Literal["envoy-gateway", "kgateway", "istio", "gke"] = "envoy-gateway"
+    # The Gateway's listener: HTTP on this port, or HTTPS with tlsSecret (a
+    # kubernetes.io/tls Secret in the stack's namespace).
+    port: int = Field(default=80, ge=1, le=65535)
+    tls_secret: Optional[str] = Field(default=None, alias="tlsSecret")
+    # Where the implementation runs the Gateway's proxy pods and their labels (unset:
+    # the implementation's default, docs/gateway.md); gke: the proxy-only subnet's CIDRs.
+    proxy_namespace: Optional[str] = Field(default=None, alias="proxyNamespace")
+    proxy_pod_labels: Optional[dict[str, str]] = Field(default=None, alias="proxyPodLabels")
+    proxy_cidrs: list[str] = Field(default_factory=list, alias="proxyCidrs")
+    epp_image: str = Field(default=EPP_IMAGE, alias="eppImage")
+    # The endpoint picker watches the InferencePool and the pods: the API server's
+    # endpoint addresses are its only egress beside DNS and the pods' metrics port.
+    api_server_cidrs: list[str] = Field(default_factory=list, alias="apiServerCidrs")
+    # What the gateway does when the picker does not answer: FailOpen routes to any
+    # ready pod of the pool (still behind both key checks), FailClose answers 5xx.
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(default="FailOpen", alias="failureMode")
+
+    @field_validator("epp_image")
+    @classmethod
+    def _epp_pinned(cls, v: str) -> str:
+        if not DIGEST_IMAGE_RE.match(v):
+            raise ValueError("must be pinned by digest: <repository>[:<tag>]@sha256:<64 hex>")
+        return v
+
+    @field_validator("class_name")
+    @classmethod
+    def _class_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", v) or len(v) > 253):
+            raise ValueError("must be a GatewayClass name (a DNS subdomain)")
+        return v
+
+    @field_validator("tls_secret")
+    @classmethod
+    def _tls_secret(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
+            raise ValueError("must be the name of a kubernetes.io/tls Secret in the stack's namespace")
+        return v
+
+    @field_validator("proxy_namespace")
+    @classmethod
+    def _proxy_namespace(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _check_dns_labels([v])[0]
+
+    @field_validator("proxy_pod_labels")
+    @classmethod
+    def _proxy_labels(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        if v is not None and not v:
+            raise ValueError("must name at least one label (unset: the implementation's default)")
+        return v if v is None else _check_labels(v)
+
+    @field_validator("proxy_cidrs", "api_server_cidrs")
+    @classmethod
+    def _gateway_cidrs(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
+        return v
+
+
+class AutoscalingConfig(_Section):
+    """Scaling the serving StatefulSet on queue depth (k3:autoscaling): a KEDA
+    ScaledObject on vllm:num_requests_waiting (k3infra/operations/autoscaling.py). One
+    replica is one 8-GPU node: `max` is what you may pay for."""
+
+    enabled: bool = False
+    # At least 2: the PodDisruptionBudget lets a drain take one replica, and one must
+    # keep serving (checked in parse.py).
+    min: int = Field(default=2, ge=1)
+    # Required when enabled: the most 8-GPU nodes the autoscaler may run.
+    max: Optional[int] = Field(default=None, ge=1)
+    # The Prometheus that scrapes the serving pods (KEDA's prometheus trigger queries it).
+    prometheus_url: Optional[str] = Field(default=None, alias="prometheusUrl")
+    # Target waiting requests per replica: desired = ceil(sum(waiting) / this).
+    waiting_per_replica: int = Field(default=4, ge=1, alias="waitingPerReplica")
+    polling_interval_seconds: int = Field(default=30, ge=5, le=600, alias="pollingIntervalSeconds")
+    # Unset: derived from the startup budget (capped at the HPA's 3600 s maximum).
+    scale_down_stabilization_seconds: Optional[int] = Field(
+        default=None, ge=0, le=3600, alias="scaleDownStabilizationSeconds")
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^https?://[^\s/]+(/\S*)?$", v):
+            raise ValueError("must be an http(s):// URL of the Prometheus KEDA queries")
+        return v
+
+
 class HostConfig(_Section):
     """One Docker host instead of a cluster (k3:host; k3infra/host). The Docker daemon is
     Pulumi's own `docker:host` setting (ssh://user@host or the local socket)."""
@@ -601,6 +709,8 @@ class StackConfig(_Section):
     accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig)
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
     host: Optional[HostConfig] = None
 
     @field_validator("weights_revision")

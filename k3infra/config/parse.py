@@ -94,6 +94,8 @@ def _receipt_defaults(cfg: StackConfig, receipt: Receipt) -> StackConfig:
 
 
 def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
+    _check_gateway(cfg)
+    _check_autoscaling(cfg)
     if cfg.serving.update_partition > cfg.replicas:
         raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
                           f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")
@@ -132,3 +134,76 @@ def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
     if cfg.profile == "upstream" and cfg.engine.build != "prebuilt":
         raise ConfigError("k3:engine.build", cfg.engine.build,
                           "the upstream profile uses a released image: prebuilt only")
+
+
+# GatewayClass names the implementations' own install docs use, for the message.
+_CLASS_EXAMPLES = ("Envoy Gateway's quickstart: eg; kgateway: kgateway; Istio: istio; "
+                   "GKE: gke-l7-rilb")
+
+
+def _check_gateway(cfg: StackConfig) -> None:
+    gw = cfg.gateway
+    if not gw.enabled:
+        return
+    if cfg.host is not None:
+        raise ConfigError("k3:gateway.enabled", True,
+                          "is for clusters; a Docker host (k3:host) has no Gateway API")
+    if gw.class_name is None:
+        raise ConfigError("k3:gateway.className", None,
+                          "is required with k3:gateway.enabled = true: the GatewayClass of an "
+                          f"installed implementation ({_CLASS_EXAMPLES}), e.g. "
+                          "--config gateway.className=eg")
+    net = cfg.network
+    for key, value in (("allowFromNamespaces", net.allow_from_namespaces),
+                       ("allowFromPodLabels", net.allow_from_pod_labels)):
+        if value:
+            raise ConfigError(f"k3:network.{key}", value,
+                              "must be empty with k3:gateway.enabled = true: clients reach the "
+                              "serving pods only through the gateway; let them call the "
+                              "Gateway instead (docs/gateway.md)")
+    if gw.implementation == "gke" and not gw.proxy_cidrs:
+        raise ConfigError("k3:gateway.proxyCidrs", [],
+                          "is required with k3:gateway.implementation = gke: the proxy-only "
+                          "subnet's CIDRs, where GKE's gateway proxies connect from")
+    if gw.implementation == "gke" and (gw.proxy_namespace or gw.proxy_pod_labels):
+        raise ConfigError("k3:gateway.proxyNamespace", gw.proxy_namespace,
+                          "GKE's gateway proxies are not pods: name them by "
+                          "k3:gateway.proxyCidrs only")
+
+
+def _check_autoscaling(cfg: StackConfig) -> None:
+    a = cfg.autoscaling
+    if not a.enabled:
+        return
+    if cfg.host is not None:
+        raise ConfigError("k3:autoscaling.enabled", True,
+                          "is for clusters; a Docker host (k3:host) runs one replica")
+    if a.max is None:
+        raise ConfigError("k3:autoscaling.max", None,
+                          "is required with k3:autoscaling.enabled = true: the most replicas "
+                          "the autoscaler may run, each a whole 8-GPU node you pay for")
+    if a.prometheus_url is None:
+        raise ConfigError("k3:autoscaling.prometheusUrl", None,
+                          "is required with k3:autoscaling.enabled = true: the Prometheus "
+                          "that scrapes vllm:num_requests_waiting from the serving pods")
+    # The PodDisruptionBudget lets a drain take one replica (maxUnavailable 1); one
+    # must keep serving while it does.
+    if a.min < 2:
+        raise ConfigError("k3:autoscaling.min", a.min,
+                          "must be at least 2: the PodDisruptionBudget lets a node drain take "
+                          "one replica, and one must keep serving")
+    if a.min > a.max:
+        raise ConfigError("k3:autoscaling.min", a.min,
+                          f"must be at most k3:autoscaling.max ({a.max})")
+    if not a.min <= cfg.replicas <= a.max:
+        raise ConfigError("k3:replicas", cfg.replicas,
+                          f"must lie within k3:autoscaling.min..max ({a.min}..{a.max}): it "
+                          "sizes the node pool and the weights copies")
+    if cfg.weights.mode == "node-local" and cfg.replicas != a.max:
+        raise ConfigError("k3:replicas", cfg.replicas,
+                          f"must equal k3:autoscaling.max ({a.max}) with node-local weights: "
+                          "each replica needs its node's prefetched copy")
+    if cfg.serving.update_partition:
+        raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
+                          "must be 0 with k3:autoscaling.enabled: a canary holds a fixed "
+                          "replica count, the autoscaler changes it")
