@@ -64,8 +64,16 @@ BUILDKIT_SKIPS = (
 )
 
 
+# The inference gateway's endpoint picker (k3infra/gateway/picker.py) is a Kubernetes
+# controller: it watches its InferencePool and the pool's pods through the API server.
+EPP_SA_TOKEN = Skip(
+    "CKV_K8S_38",
+    "the endpoint picker watches its InferencePool and the pool's pods through the API "
+    "server: it needs its ServiceAccount token (a Role with read verbs on those, in this "
+    "namespace only)")
+
 ALL_SKIPS = (ENGINE_IMAGE_UID, VLLM_API_KEY_ENV, BENCH_API_KEY_ENV, ACCURACY_API_KEY_ENV,
-             ACCURACY_IMAGE_UID, *BUILDKIT_SKIPS)
+             ACCURACY_IMAGE_UID, EPP_SA_TOKEN, *BUILDKIT_SKIPS)
 
 
 def annotations(*skips: Skip) -> dict[str, str]:

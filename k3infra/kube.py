@@ -25,6 +25,7 @@ _TYPED = {
     ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
     ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
     ("apps/v1", "StatefulSet"): k8s.apps.v1.StatefulSet,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
     ("batch/v1", "Job"): k8s.batch.v1.Job,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,

@@ -1,12 +1,13 @@
 """NetworkPolicy building blocks shared by every policy k3infra writes (the serving,
 prefetch and benchmark policies in k3infra.operations.network, the engine build's in
-k3infra.engine.manifests): one definition of a namespace peer, DNS egress, internet
-peers without the cluster and link-local ranges, and the namespace's default deny."""
+k3infra.engine.manifests, the endpoint picker's in k3infra.gateway): one definition of a
+namespace peer, DNS egress, internet peers without the cluster and link-local ranges,
+the inference gateway's proxy pods, and the namespace's default deny."""
 from __future__ import annotations
 
 from typing import Any
 
-from k3infra.config import StackConfig
+from k3infra.config import GatewayConfig, StackConfig
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set by the API server on every namespace
 DNS_PORT = 53
@@ -51,3 +52,33 @@ def default_deny(name: str, namespace: str, labels: dict) -> dict:
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
                      "ingress": [], "egress": []}}
+
+
+# Where each Gateway API implementation runs a Gateway's proxy pods, and the labels it
+# puts on them (their install docs; not exercised against a running controller here).
+# Envoy Gateway: one Deployment per Gateway in its controller's namespace; kgateway
+# and Istio: a Deployment in the Gateway's own namespace, labelled with the Gateway API's
+# `gateway.networking.k8s.io/gateway-name`.
+ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
+
+
+def default_proxy_pods(implementation: str, gateway: str, namespace: str) -> tuple[str, dict]:
+    """(namespace, pod labels) of a Gateway's proxy pods for a pod-based implementation."""
+    if implementation == "envoy-gateway":
+        return ENVOY_GATEWAY_NAMESPACE, {"gateway.envoyproxy.io/owning-gateway-name": gateway,
+                                         "gateway.envoyproxy.io/owning-gateway-namespace": namespace}
+    return namespace, {"gateway.networking.k8s.io/gateway-name": gateway}
+
+
+def gateway_proxy_peers(gw: GatewayConfig, gateway: str, namespace: str) -> list[dict]:
+    """NetworkPolicy peers for the inference gateway's proxies (k3:gateway, `gw`): the
+    proxy pods (namespace AND labels, never a whole namespace), or for GKE, whose
+    proxies are not pods, the proxy-only subnet's CIDRs."""
+    if gw.implementation == "gke":
+        return [{"ipBlock": {"cidr": cidr}} for cidr in gw.proxy_cidrs]
+    ns, pod_labels = default_proxy_pods(gw.implementation, gateway, namespace)
+    ns = gw.proxy_namespace or ns
+    pod_labels = dict(gw.proxy_pod_labels) if gw.proxy_pod_labels else pod_labels
+    if ns == namespace:
+        return [{"podSelector": {"matchLabels": pod_labels}}]
+    return [namespace_peer(ns, pod_labels)]

@@ -27,10 +27,13 @@ import pulumi
 from k3infra import gates, naming
 from k3infra.config import StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
+from k3infra.gateway.auth import key_policy_note
+from k3infra.gateway.picker import picker_gates
 from k3infra.hbm import hbm_fit
 from k3infra.inputs import StackInputs, stack_inputs
 from k3infra.kube import apply_manifest, child_options
 from k3infra.nodepool.component import B300NodePool
+from k3infra.operations.autoscaling import scaling_warnings
 from k3infra.operations.component import ServingOperations
 from k3infra.preflight import run_preflight
 from k3infra.receipt import Receipt
@@ -65,6 +68,8 @@ class K3ServingStackArgs(TypedDict, total=False):
     accuracy: dict                # the lm-eval smoke test Job (docs/accuracy.md)
     monitoring: dict
     network: dict
+    gateway: dict                 # the inference gateway (docs/gateway.md)
+    autoscaling: dict             # KEDA on queue depth (docs/gateway.md)
 
 
 class K3ServingStack(pulumi.ComponentResource):
@@ -117,7 +122,9 @@ class K3ServingStack(pulumi.ComponentResource):
         lock_holder["lock"] = lock
         resolve_engine(receipt, cfg)      # k3:engine / k3:profile refusals, before anything
         gates.enforce([g for g in gates.deployment_gates(receipt, cfg)
-                       if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(cfg),
+                       if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(cfg)
+                      + picker_gates(cfg) + [g for g in [key_policy_note(cfg)] if g]
+                      + scaling_warnings(receipt, cfg),
                       offline_render)
         self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
 
@@ -160,6 +167,15 @@ class K3ServingStack(pulumi.ComponentResource):
             f"{name}-serving", receipt, inputs, image, self.weights.parts_for, names, instance,
             self.engine.plan.pins(), depends_on=[*self.weights.jobs, *secrets, self.pool],
             opts=in_ns)
+
+        # k3:gateway.enabled: the inference gateway in front of the serving pods.
+        self.gateway = None
+        if cfg.gateway.enabled:
+            from k3infra.gateway.component import InferenceGateway
+
+            self.gateway = InferenceGateway(
+                f"{name}-gateway", inputs, instance, cfg.namespace,
+                pulumi.Output.secret(cfg.api_key.reveal()), opts=in_ns)
 
         # k3:benchmark.enabled: re-measure the receipt once serving is ready.
         self.benchmark = None

@@ -26,6 +26,12 @@ the reader pod `k3infra bench fetch` starts streams through the exec API and nee
 network at all. The AccuracySmoke Job (k3:accuracy.enabled) is held the same way: DNS
 and the serving API port only (its datasets come from its image, offline).
 
+With the inference gateway (k3:gateway.enabled), the API port admits only the
+gateway's proxies (k3infra.netpol.gateway_proxy_peers) and this stack's own benchmark
+and accuracy Jobs: `allowFromNamespaces` / `allowFromPodLabels` are refused, clients
+call the Gateway. The endpoint picker reaches the metrics port (it scores on the
+queue and KV-cache series); its own policy is k3infra.gateway.network's.
+
 Kubelet probes and `kubectl port-forward` reach the pod from its own node and are not
 subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-native).
 """
@@ -33,8 +39,8 @@ from __future__ import annotations
 
 from k3infra.config import StackConfig
 from k3infra.naming import (ACCURACY_COMPONENT, BENCHMARK_COMPONENT,
-                            BENCHMARK_READER_COMPONENT, PREFETCH_COMPONENT)
-from k3infra.netpol import default_deny, dns_egress, internet_peers
+                            BENCHMARK_READER_COMPONENT, EPP_COMPONENT, PREFETCH_COMPONENT)
+from k3infra.netpol import default_deny, dns_egress, gateway_proxy_peers, internet_peers
 from k3infra.netpol import namespace_peer as _namespace_peer
 from k3infra.serving import manifests as m
 
@@ -57,9 +63,12 @@ def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
     their probes; clients need k3:network.allowFromNamespaces or allowFromPodLabels).
     The scraper is not among them: it reaches the metrics port only."""
     net = cfg.network
-    peers = [_namespace_peer(ns) for ns in net.allow_from_namespaces]
-    if net.allow_from_pod_labels:
-        peers.append({"podSelector": {"matchLabels": dict(net.allow_from_pod_labels)}})
+    if cfg.gateway.enabled:         # the Gateway is the only front door
+        peers = gateway_proxy_peers(cfg.gateway, instance, cfg.namespace or instance)
+    else:
+        peers = [_namespace_peer(ns) for ns in net.allow_from_namespaces]
+        if net.allow_from_pod_labels:
+            peers.append({"podSelector": {"matchLabels": dict(net.allow_from_pod_labels)}})
     if cfg.benchmark.enabled:
         peers.append({"podSelector": component_selector(instance, BENCHMARK_COMPONENT)})
     if cfg.accuracy.enabled:
@@ -77,8 +86,13 @@ def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> di
     ingress = [{"from": peers, "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}] \
         if peers else []
     net = cfg.network
+    metrics_peers = []
     if net.scraper_namespace:
-        ingress.append({"from": [_namespace_peer(net.scraper_namespace, net.scraper_pod_labels)],
+        metrics_peers.append(_namespace_peer(net.scraper_namespace, net.scraper_pod_labels))
+    if cfg.gateway.enabled:
+        metrics_peers.append({"podSelector": component_selector(instance, EPP_COMPONENT)})
+    if metrics_peers:
+        ingress.append({"from": metrics_peers,
                         "ports": [{"port": cfg.serving.metrics_port, "protocol": "TCP"}]})
     egress = [dns_egress(cfg)]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
