@@ -1,5 +1,6 @@
 """`ServingOperations`: registers the NetworkPolicies (always) and, as k3:monitoring asks,
-the metrics Service + ServiceMonitor, the PrometheusRule and the dashboard ConfigMap."""
+the metrics Service + ServiceMonitor, the PrometheusRule and the dashboard ConfigMap;
+with k3:autoscaling, the KEDA ScaledObject."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -9,6 +10,7 @@ import pulumi
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, child_options
+from k3infra.operations.autoscaling import scaled_object
 from k3infra.operations.dashboard import dashboard_configmap
 from k3infra.operations.monitoring import monitoring_objects
 from k3infra.operations.network import network_policies
@@ -20,6 +22,8 @@ def _objects(receipt: Receipt, cfg: StackConfig, names: m.ServingNames, instance
     objects = monitoring_objects(receipt, cfg, names, instance)
     if cfg.monitoring.dashboard:
         objects.append(dashboard_configmap(receipt, cfg, names, instance))
+    if cfg.autoscaling.enabled:
+        objects.append(scaled_object(receipt, cfg, names, instance))
     return objects
 
 

@@ -280,7 +280,8 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
                          checkov_skips.ENGINE_IMAGE_UID, checkov_skips.VLLM_API_KEY_ENV)}},
         "spec": {
             "serviceName": names.headless,
-            "replicas": cfg.replicas,
+            # With k3:autoscaling the HPA owns the count (k3infra/operations/autoscaling.py).
+            **({} if cfg.autoscaling.enabled else {"replicas": cfg.replicas}),
             # Replicas load 1.5 TB each: start them together, not one after another.
             "podManagementPolicy": "Parallel",
             # One node at a time, never below the partition (docs/operations.md).
