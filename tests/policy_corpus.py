@@ -383,6 +383,45 @@ def budget_selects_nothing(plan):
         "matchLabels": {"app.kubernetes.io/name": "not-k3"}}
 
 
+# --- the inference gateway (k3:gateway): a gateway render replaces the plan ----------------
+
+def _with_gateway(plan: dict) -> None:
+    from conftest import render
+
+    g = copy.deepcopy(render("existing", "gateway.enabled=true", "gateway.className=eg",
+                             "replicas=3").plan())
+    plan["resources"], plan["config"] = g["resources"], g["config"]
+
+
+def _named(plan: dict, kind: str, name: str) -> dict:
+    return next(r["inputs"] for r in resources(plan, kind) if r["inputs"]["metadata"]["name"] == name)
+
+
+@variant("k3-gateway-front-door")
+def gateway_serving_service_load_balancer(plan):
+    _with_gateway(plan)
+    _named(plan, "Service", "kimi-k3")["spec"]["type"] = "LoadBalancer"
+
+
+@variant("k3-gateway-front-door")
+def gateway_serving_service_external_ip(plan):
+    _with_gateway(plan)
+    _named(plan, "Service", "kimi-k3")["spec"]["externalIPs"] = ["203.0.113.7"]
+
+
+@variant("k3-gateway-front-door")
+def gateway_bypassed_from_another_namespace(plan):
+    _with_gateway(plan)
+    _named(plan, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"][0]["from"].append(
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "clients"}}})
+
+
+@variant("k3-gateway-front-door")
+def gateway_proxy_peer_widened_to_its_namespace(plan):
+    _with_gateway(plan)
+    del _named(plan, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"][0]["from"][0]["podSelector"]
+
+
 # --- a Docker host's containers (k3infra/host), injected into the plan ---------------------
 
 def _host_resources() -> list[dict]:

@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from k3infra.config import (CONFIG_NAMESPACE, ColdStartConfig, ConfigError, ServingConfig,
-                            WeightsConfig, decode_value)
+from k3infra.config import (CONFIG_NAMESPACE, ColdStartConfig, ConfigError, GatewayConfig,
+                            ServingConfig, WeightsConfig, decode_value)
 
 
 def value(key: str) -> Any:
@@ -51,6 +51,10 @@ def cold_start() -> ColdStartConfig:
 
 def weights() -> WeightsConfig:
     return _section("weights", WeightsConfig)
+
+
+def gateway() -> GatewayConfig:
+    return _section("gateway", GatewayConfig)
 
 
 def profile() -> Optional[str]:
