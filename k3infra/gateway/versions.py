@@ -13,9 +13,9 @@ INFERENCE_EXTENSION = ("sigs.k8s.io/gateway-api-inference-extension", "v1.5.0")
 ENDPOINT_PICKER = ("github.com/llm-d/llm-d-router", "v0.10.0")
 EPP_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
 # Envoy Gateway's SecurityPolicy (apiKeyAuth), the key policy rendered for it.
-ENVOY_GATEWAY = ("github.com/envoyproxy/gateway", "v1.6.1")
+ENVOY_GATEWAY = ("github.com/envoyproxy/gateway", "v1.9.1")
 # KEDA's ScaledObject (k3:autoscaling).
-KEDA = ("github.com/kedacore/keda/v2", "v2.18.1")
+KEDA = ("github.com/kedacore/keda/v2", "v2.21.0")
 
 INFERENCE_GROUP = "inference.networking.k8s.io"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
