@@ -43,7 +43,8 @@ def test_readme_carries_every_not_measured_item(receipt):
 # Sections whose keys are tabled in their concern's doc (configuration.md links there).
 SECTION_DOCS = {"engine": "engine.md", "nodePool": "clouds.md", "benchmark": "benchmark.md",
                 "accuracy": "accuracy.md", "coldStart": "coldstart.md",
-                "monitoring": "operations.md", "network": "operations.md"}
+                "monitoring": "operations.md", "network": "operations.md",
+                "gateway": "gateway.md", "autoscaling": "gateway.md"}
 
 
 def test_every_config_key_is_documented():
