@@ -12,6 +12,9 @@ from k3infra.netpol import gateway_proxy_peers
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import (Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
+from k3infra.receipt import load_receipt
+
+_R = load_receipt()
 
 # Service types that publish the pods beyond the cluster network's own addresses.
 _EXPOSING_TYPES = {"NodePort", "LoadBalancer", "ExternalName"}
@@ -98,7 +101,8 @@ def _front_door(args: StackValidationArgs, report: ReportViolation) -> None:
 gateway_front_door = StackValidationPolicy(
     name="k3-gateway-front-door",
     description=("With an InferencePool over the serving pods (k3:gateway.enabled), nothing but "
-                 "the gateway's proxies reaches their API port from outside the namespace: no "
+                 f"the gateway's proxies reaches the API port serving {_R.model.repo} from "
+                 "outside the namespace: no "
                  "NodePort / LoadBalancer / ExternalName Service or externalIPs selects them, and "
                  "their NetworkPolicies admit only pods of the namespace and the gateway's proxy "
                  "pods (or GKE's proxy-only subnet) to the pool's target port."),
