@@ -2,8 +2,9 @@
 whose Prometheus trigger reads `vllm:num_requests_waiting` summed over the serving pods.
 
 KEDA drives an HPA: desired replicas = ceil(sum(waiting) / waitingPerReplica), within
-min..max. A replica is a whole 8-GPU node that takes the startup budget (the weights
-gate's read, the load, graph capture: ~an hour with the defaults) before it serves, so
+min..max. A replica is a whole 8-GPU node that takes its startup budget (the image
+pull, then the startupProbe's allowance for the weights gate, the load and graph capture:
+StartupBudget.pod_seconds, over an hour and a half with the defaults) before it serves, so
 
 - scale-down is held for the startup budget: a replica removed and needed again costs a
   full cold start, so a drop in the queue must last at least that long. The HPA accepts
@@ -38,7 +39,7 @@ def scale_down_window_seconds(receipt: Receipt, cfg: StackConfig) -> int:
     override = cfg.autoscaling.scale_down_stabilization_seconds
     if override is not None:
         return override
-    budget = startup_budget_seconds(receipt, cfg.serving).total_seconds
+    budget = startup_budget_seconds(receipt, cfg).pod_seconds
     return min(budget, HPA_MAX_STABILIZATION_SECONDS)
 
 
@@ -77,7 +78,7 @@ def scaling_warnings(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
     if not a.enabled or a.max is None:
         return []
     gpus = receipt.measured_gpu.gpus_per_node
-    budget = startup_budget_seconds(receipt, cfg.serving).total_seconds
+    budget = startup_budget_seconds(receipt, cfg).pod_seconds
     rate = cfg.monitoring.node_rate_usd_per_hour
     cost = (f", about {a.max * rate:,.0f} USD/hour at max (k3:monitoring.nodeRateUsdPerHour)"
             if rate else "")
