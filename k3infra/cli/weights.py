@@ -68,9 +68,12 @@ def _lock(args: argparse.Namespace) -> int:
             if not args.revision:
                 raise UsageError("--hub needs --revision <40-hex commit> (a branch name moves)")
             from k3infra.weights.prefetch import lock_from_hub
+            from k3infra.weights.sources import lock_from_sources, parse_sources
 
             try:
-                lock = lock_from_hub(args.hub, args.revision, emit=out.line)
+                lock = lock_from_sources(
+                    parse_sources(args.sources), args.hub, args.revision, emit=out.line,
+                    hub_lock=lambda: lock_from_hub(args.hub, args.revision, emit=out.line))
             except tree.LockError:
                 raise
             except Exception as exc:    # the Hub's answer: not found, gated, offline...
@@ -133,9 +136,12 @@ def _prefetch(args: argparse.Namespace) -> int:
         return out.problems(f"not the measured tree: {args.lock} describes {lock.tree_digest}, "
                             f"expected {args.expect_digest}", [])
     try:
+        from k3infra.weights.sources import parse_sources
+
         report = prefetch.prefetch(lock, lock_sha, args.dest, workers=args.workers,
                                    download_workers=args.max_download_workers,
-                                   overlap=not args.no_overlap, attempts=args.attempts, emit=out.line)
+                                   overlap=not args.no_overlap, attempts=args.attempts, emit=out.line,
+                                   sources=parse_sources(args.sources))
     except ValueError as exc:
         from k3infra.cli import UsageError
 

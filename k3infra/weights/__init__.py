@@ -7,7 +7,8 @@ file must stay import-light: no pulumi, pydantic or rich here.
 """
 
 # The files the ConfigMap ships (k3infra/weights/manifests.py reads this tuple).
-RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "prefetch.py", "__main__.py")
+RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "sources.py", "prefetch.py",
+                 "__main__.py")
 # Shipped into the same package from k3infra/ itself (one copy of the shared helpers).
 SHARED_FILES = ("podcommon.py",)
 

@@ -30,6 +30,8 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
     lock = sub.add_parser("lock", help="write a k3-tree-v1 lock from a local tree or from Hub metadata")
     lock.add_argument("dir", nargs="?", help="local tree to hash (omit with --hub)")
     lock.add_argument("--hub", metavar="REPO", help="build the lock from Hub metadata (no shard download)")
+    lock.add_argument("--sources", help="with --hub: take the lock from these sources in order "
+                      "(comma-separated: 'hub' or an in-cluster source's http:// URL; default hub)")
     lock.add_argument("--repo", help="repo recorded for a local tree")
     lock.add_argument("--revision", help="40-hex commit (for a local tree: inferred from "
                       "huggingface_hub's local-dir metadata when present)")
@@ -59,6 +61,8 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
                      help="hash only after all downloads finished (for comparison)")
     pre.add_argument("--attempts", type=_positive, default=3, help="downloads per file at most (default 3)")
     pre.add_argument("--expect-digest", help="refuse a lock whose tree digest is not this one")
+    pre.add_argument("--sources", help="where bytes come from, tried in order per file "
+                     "(comma-separated: 'hub' or an in-cluster source's http:// URL; default hub)")
     pre.set_defaults(func=_prefetch)
     return {"lock": lock, "verify": ver, "prefetch": pre}
 
@@ -78,6 +82,9 @@ def add_gate_command(sub) -> argparse.ArgumentParser:
                       "the pod's first start, then this pod's own stamps from --state-dir")
     gate.add_argument("--state-dir", help="pod-private directory for stamps mode (an emptyDir)")
     gate.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
+    gate.add_argument("--require-marker", action="store_true",
+                      help="also refuse unless the prefetch's marker names the pinned tree "
+                      "(the in-cluster source's start check)")
     gate.set_defaults(func=_gate)
     return gate
 
@@ -106,9 +113,12 @@ def _lock(args: argparse.Namespace) -> int:
     if args.hub:
         from .prefetch import lock_from_hub
 
+        from .sources import lock_from_sources, parse_sources
+
         if not args.revision:
             raise tree.LockError("--hub needs --revision <40-hex commit>")
-        lock = lock_from_hub(args.hub, args.revision, emit=_out)
+        lock = lock_from_sources(parse_sources(args.sources), args.hub, args.revision, emit=_out,
+                                 hub_lock=lambda: lock_from_hub(args.hub, args.revision, emit=_out))
     else:
         from .verify import lock_from_dir
 
@@ -150,7 +160,8 @@ def _gate(args: argparse.Namespace) -> int:
     try:
         report = gate.run_gate(args.dir, args.lock, expect_digest=args.expect_digest,
                                repo=args.repo, revision=args.revision, mode=args.mode,
-                               state_dir=args.state_dir, workers=args.workers, emit=_out)
+                               state_dir=args.state_dir, workers=args.workers, emit=_out,
+                               require_marker=args.require_marker)
     except gate.GateRefused as exc:
         print(f"{PROG} gate: REFUSED: {exc}", file=sys.stderr)
         return 1
@@ -163,14 +174,17 @@ def _gate(args: argparse.Namespace) -> int:
 
 def _prefetch(args: argparse.Namespace) -> int:
     from . import prefetch
+    from .sources import parse_sources
 
+    sources = parse_sources(args.sources)
     lock, lock_sha = tree.load_lock(args.lock)
     if args.expect_digest and lock.tree_digest != args.expect_digest:
         raise tree.LockError(f"not the measured tree: lock {args.lock} describes "
                              f"{lock.tree_digest}, the stack pins {args.expect_digest}")
     report = prefetch.prefetch(lock, lock_sha, args.dest, workers=args.workers,
                                download_workers=args.max_download_workers,
-                               overlap=not args.no_overlap, attempts=args.attempts, emit=_out)
+                               overlap=not args.no_overlap, attempts=args.attempts, emit=_out,
+                               sources=sources)
     _out(report.summary())
     if not report.ok:
         return _fail("prefetch", report.problems, f"FAILED: {len(report.problems)} problem(s) "

@@ -118,14 +118,21 @@ def drop_record(state_dir: str) -> None:
 
 def run_gate(root: str, lock_path: str, *, expect_digest: str, repo: str, revision: str,
              mode: str = "warm", state_dir: Optional[str] = None, workers: Optional[int] = None,
-             emit: Optional[Emit] = print) -> verify.Report:
+             emit: Optional[Emit] = print, require_marker: bool = False) -> verify.Report:
     """Verify `root` against the pinned lock; GateRefused for a lock that is not the
-    pinned one, else the verifier's report (ok or every offending path)."""
+    pinned one, else the verifier's report (ok or every offending path).
+    `require_marker` (the in-cluster source's start check): also refuse, before reading
+    a byte, a tree whose prefetch marker does not name the pinned tree; the full hash then
+    runs all the same (a marker proves nothing)."""
     if mode not in MODES:
         raise GateRefused(f"--mode {mode!r}: accepted {', '.join(MODES)}")
     start = time.monotonic()
     lock, _sha = load_pinned_lock(lock_path, expect_digest=expect_digest, repo=repo,
                                   revision=revision)
+    if require_marker:
+        problem = verify.marker_problem(root, lock)
+        if problem:
+            raise GateRefused(f"{root} is not a verified tree: {problem}")
     stamps: dict = {}
     if mode == "stamps":
         if not state_dir:

@@ -44,6 +44,12 @@ What a run does, in order:
    passes, the marker `.k3-verified.json` is written atomically, and a staging directory
    is renamed into place. The marker says the prefetch finished; it proves nothing to the
    serving gate, which hashes the tree itself (k3weights.gate).
+
+Where the bytes come from (`sources`): the Hub by default; an in-cluster source of a
+verified copy first and the Hub as fallback in node-local fan-out (k3weights.sources).
+Every source goes through the same `_Fetcher` (another endpoint, no token for the
+cluster), the same partial file and the same hashing; a file the lock refuses is
+reported to the source chain, which picks the next source.
 """
 from __future__ import annotations
 
@@ -59,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
+from . import sources as sources_mod
 from . import tree, verify
 from .tree import FileEntry, Lock, Problem
 
@@ -196,6 +203,11 @@ class PrefetchReport:
     seconds: float = 0.0
     marker: Optional[dict] = None
     notes: list = field(default_factory=list)
+    # Per source (k3weights.sources): files, bytes, failures, lock refusals; and the
+    # totals: files whose landed bytes the lock refused, downloads moved to the next source.
+    sources: dict = field(default_factory=dict)
+    refused_by_lock: int = 0
+    failovers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -209,7 +221,17 @@ class PrefetchReport:
                 f"downloaded {self.downloaded_files} files / {verify._gb(self.downloaded_bytes)} "
                 f"({rate:.2f} GB/s overall), {self.reused_files} already present (re-hashed, kept), "
                 f"hashed {verify._gb(self.hashed_bytes)} (hashing CPU {self.hash_cpu_seconds:.2f} s); "
-                f"{self.seconds:.2f} s")
+                f"{self.seconds:.2f} s" + self._sources_line())
+
+    def _sources_line(self) -> str:
+        if not self.sources:
+            return ""
+        per = "; ".join(f"{sources_mod.label(s)}: {c.files} files / {verify._gb(c.bytes)}"
+                        + (f", {c.failures} failed" if c.failures else "")
+                        + (f", {c.refused_by_lock} refused by the lock" if c.refused_by_lock else "")
+                        for s, c in self.sources.items())
+        return (f"; sources: {per}; refused by the lock: {self.refused_by_lock} file(s), "
+                f"moved to the next source: {self.failovers} download(s)")
 
 
 class LockUnavailable(Exception):
@@ -442,8 +464,10 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
              attempts: int = ATTEMPTS, endpoint: Optional[str] = None, token: Optional[str] = None,
              emit: Optional[Emit] = print, interval: float = verify.PROGRESS_SECONDS,
              fetcher: Optional[Callable[[FileEntry], None]] = None,
-             stall_seconds: Optional[float] = None) -> PrefetchReport:
-    """Make DEST hold exactly the lock's tree and write the marker; see the module docstring."""
+             stall_seconds: Optional[float] = None,
+             sources: Optional[list] = None) -> PrefetchReport:
+    """Make DEST hold exactly the lock's tree and write the marker; see the module docstring.
+    `sources`: where bytes come from, in order (k3weights.sources; default: the Hub)."""
     say = emit or (lambda _line: None)
     watch = StallWatch(stall_seconds if stall_seconds is not None
                        else float(os.environ.get(STALL_ENV) or STALL_SECONDS))
@@ -483,12 +507,25 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
         _clean_scratch(work, lock)
         for entry in plan.replace:
             _unlink(os.path.join(work, entry.path))
+        chain = None
         if fetcher is None:
-            fetcher = _Fetcher(lock, work, endpoint, token)
-            fetcher.watch = watch
-        good, tries = _run(lock, work, plan, report, workers=workers,
-                           download_workers=download_workers, overlap=overlap, attempts=attempts,
-                           fetcher=fetcher, say=say, interval=interval, watch=watch)
+            def source_fetcher(source: str) -> _Fetcher:
+                one = _Fetcher(lock, work, sources_mod.endpoint_for(source, endpoint),
+                               sources_mod.hub_token_for(source, token))
+                one.watch = watch
+                return one
+
+            chain = sources_mod.SourceChain(sources or [sources_mod.HUB], source_fetcher,
+                                            lambda e: _partial_size(work, e), say)
+        try:
+            good, tries = _run(lock, work, plan, report, workers=workers,
+                               download_workers=download_workers, overlap=overlap,
+                               attempts=attempts, fetcher=fetcher or chain, say=say,
+                               interval=interval, watch=watch)
+        finally:
+            if chain is not None:
+                report.sources = chain.counts
+                report.refused_by_lock, report.failovers = chain.refused_by_lock, chain.failovers
         # Files already on disk that hashed right and were not fetched again.
         report.reused_files = sum(1 for e in plan.rehash if not tries.get(e.path))
         if report.problems:
@@ -541,6 +578,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     downloads = ThreadPoolExecutor(max_workers=max(1, download_workers), thread_name_prefix="k3-fetch")
     hasher = verify.Hasher(workers)                       # after the last download
     idle_hasher = verify.Hasher(workers, background=True)  # while downloads run
+    rejected = getattr(fetcher, "rejected", None)      # a SourceChain wants to know
     last_line = time.monotonic()
     t0 = time.monotonic()
 
@@ -594,7 +632,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                     in_flight.discard(entry.path)
                     _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say)
                 else:
-                    _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say)
+                    _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say, rejected)
             if not overlap and landed and not any(k == "fetch" for k, _ in pending.values()):
                 for entry in landed:
                     hash_(entry)
@@ -644,7 +682,7 @@ def _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap,
         landed.append(entry)
 
 
-def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say) -> None:
+def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say, rejected=None) -> None:
     try:
         result = fut.result()
         report.hashed_bytes += result.size
@@ -655,8 +693,12 @@ def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say) -> None
         good[entry.path] = tree.stamp_of(result.after) + (entry.sha256,)
         return
     _unlink(os.path.join(dest, entry.path))
-    if tries.get(entry.path, 0) < attempts:
+    again = tries.get(entry.path, 0) < attempts
+    if tries.get(entry.path, 0) and rejected is not None:
+        rejected(entry, problem, again)       # counted, logged, the next source chosen
+    elif again:
         say(f"prefetch: {entry.path}: {problem}; deleted, fetching it again")
+    if again:
         fetch(entry)
     else:
         report.problems.append(Problem(entry.path, f"{problem} after {tries[entry.path]} "

@@ -1,0 +1,241 @@
+"""Where the prefetch takes bytes from: the Hub, or an in-cluster source of verified bytes,
+tried in order per file (standard library plus huggingface_hub: runs in pods).
+
+A source list is a comma-separated string (`K3_WEIGHTS_SOURCES`, `prefetch --sources`):
+`hub` (the Hugging Face Hub: HF_ENDPOINT, HF_TOKEN) or the base URL of an in-cluster
+source (`http://kimi-k3-weights-source-0:8080`). An in-cluster source is nginx serving a
+verified copy read-only in the Hub's URL layout (`/<repo>/resolve/<revision>/<path>`,
+`X-Repo-Commit`, Range), so the very same huggingface_hub download path (`_Fetcher`: HEAD,
+then `http_get` with `Range` into the resumable partial file) runs against it, with
+another endpoint and **no token** (the HF token never leaves for the cluster).
+
+Nothing a source sends is trusted: every file is hashed against the lock as it lands
+(prefetch.py). Per file:
+
+- a source that fails (refused connection, dropped mid-file, 404, a wrong revision) hands
+  the file to the next source, which resumes the same partial file with `Range` (the
+  partial file is named by the lock's sha256, so bytes of one file are interchangeable
+  between sources; a wrong one among them fails the hash below);
+- a file whose bytes fail the lock is deleted; its next download starts at the source
+  after the last one that contributed bytes to it (the last source is retried, as a
+  hub-only prefetch always did), and the event is logged and counted
+  (`PrefetchReport.refused_by_lock`, per source in `PrefetchReport.sources`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from . import tree
+from .tree import FileEntry, Lock
+
+HUB = "hub"
+# A source that failed this many downloads in a row (no success between) is skipped for
+# the rest of the run: a dead source must not cost every remaining file its retries.
+DOWN_AFTER_FAILURES = 3
+# Where a source serves the lock it holds (beside the tree on its volume).
+LOCK_ROUTE = "/k3/lock/{revision}.json"
+LOCK_BYTES_MAX = 64 << 20
+
+Emit = Callable[[str], None]
+
+
+def parse_sources(text: Optional[str]) -> list[str]:
+    """`hub,http://a:8080` -> ["hub", "http://a:8080"]; an empty or missing list is the
+    Hub alone. ValueError names the value and what is accepted."""
+    items = [s.strip().rstrip("/") for s in (text or "").split(",") if s.strip()]
+    if not items:
+        return [HUB]
+    for s in items:
+        if s != HUB and not s.startswith(("http://", "https://")):
+            raise ValueError(f"source {s!r}: accepted 'hub' or an http(s):// base URL of an "
+                             "in-cluster source")
+    if len(set(items)) != len(items):
+        raise ValueError(f"sources {text!r}: each source once")
+    return items
+
+
+def label(source: str) -> str:
+    return "the Hub" if source == HUB else f"cluster source {source}"
+
+
+@dataclass
+class SourceCount:
+    """What one source delivered during a prefetch."""
+
+    files: int = 0             # files whose last bytes came from it
+    bytes: int = 0             # bytes it wrote into partial files
+    failures: int = 0          # downloads from it that failed (the file moved on)
+    refused_by_lock: int = 0   # files it contributed to that failed the lock
+
+
+@dataclass
+class _FileState:
+    start: int = 0                                  # index of the next source to try
+    contributed: set = field(default_factory=set)   # sources that wrote bytes of it
+    calls: int = 0                                  # calls so far (the latest owns the file)
+    running: Optional[int] = None                   # source of the call still running
+
+
+class SourceChain:
+    """A prefetch fetcher (`fetcher(entry)`) over several sources, in order, with the
+    `rejected(entry, problem)` hook the prefetch calls when a landed file fails the lock."""
+
+    def __init__(self, sources: list[str], make_fetcher: Callable[[str], Callable[[FileEntry], None]],
+                 partial_size: Callable[[FileEntry], int], say: Emit):
+        self.sources = list(sources)
+        self._fetchers = [make_fetcher(s) for s in self.sources]
+        self._partial_size = partial_size
+        self._say = say
+        self._lock = threading.Lock()
+        self._files: dict[str, _FileState] = {}
+        self.counts = {s: SourceCount() for s in self.sources}
+        self.refused_by_lock = 0
+        self.failovers = 0
+        self._streak = {s: 0 for s in self.sources}    # failures in a row
+        self.down: set = set()
+
+    def _state(self, entry: FileEntry) -> _FileState:
+        with self._lock:
+            return self._files.setdefault(entry.path, _FileState())
+
+    def __call__(self, entry: FileEntry) -> None:
+        state = self._state(entry)
+        last = len(self.sources) - 1
+        with self._lock:
+            state.calls += 1
+            call = state.calls
+            stalled = state.running
+        if stalled is not None:
+            # A new call while the previous one still runs: the prefetch's stall watchdog
+            # abandoned that transfer. Its source stalled: resume from the next one.
+            self._credit(self.sources[stalled], state, 0, ok=False)
+            if stalled < last:
+                with self._lock:
+                    self.failovers += 1
+                state.start = max(state.start, stalled + 1)
+                self._say(f"prefetch: {entry.path}: {label(self.sources[stalled])} stalled; "
+                          f"resuming at byte {self._partial_size(entry)} from "
+                          f"{label(self.sources[state.start])}")
+        i = state.start
+        while True:
+            while i < last and self.sources[i] in self.down:
+                i += 1
+            source = self.sources[i]
+            before = self._partial_size(entry)
+            state.running = i
+            try:
+                self._fetchers[i](entry)
+            except Exception as exc:
+                if state.calls != call:
+                    raise                 # abandoned as stalled: a newer call owns the file
+                state.running = None
+                self._credit(source, state, self._partial_size(entry) - before, ok=False)
+                if i >= last:
+                    raise                 # the prefetch's retry and backoff take over
+                with self._lock:
+                    self.failovers += 1
+                resumed = self._partial_size(entry)
+                self._say(f"prefetch: {entry.path}: {label(source)} failed "
+                          f"({type(exc).__name__}: {str(exc).strip()[:200]}); resuming at byte "
+                          f"{resumed} from {label(self.sources[i + 1])}")
+                i += 1
+                state.start = i
+                continue
+            # Renamed into place: this source wrote what was still missing.
+            state.running = None
+            self._credit(source, state, entry.size - before, ok=True)
+            return
+
+    def _credit(self, source: str, state: _FileState, nbytes: int, ok: bool) -> None:
+        with self._lock:
+            count = self.counts[source]
+            if nbytes > 0:
+                count.bytes += nbytes
+                state.contributed.add(source)
+            if ok:
+                count.files += 1
+                self._streak[source] = 0
+                return
+            count.failures += 1
+            self._streak[source] += 1
+            newly_down = (self._streak[source] >= DOWN_AFTER_FAILURES and source not in self.down
+                          and source != self.sources[-1])
+            if newly_down:
+                self.down.add(source)
+        if newly_down:
+            self._say(f"prefetch: {label(source)} failed {DOWN_AFTER_FAILURES} downloads in a "
+                      "row; skipping it for the rest of this run")
+
+    def rejected(self, entry: FileEntry, problem: str, again: bool = True) -> None:
+        """The landed file failed the lock (the prefetch has deleted it): blame every source
+        that wrote bytes of it, start the next download after the last of them, and ask none
+        of them (but the last source) again in this run."""
+        state = self._state(entry)
+        with self._lock:
+            blamed = sorted(state.contributed, key=self.sources.index)
+            for source in blamed:
+                self.counts[source].refused_by_lock += 1
+                if source != self.sources[-1]:
+                    self.down.add(source)     # served bytes the lock refused: not asked again
+            self.refused_by_lock += 1
+            after = max((self.sources.index(s) for s in blamed), default=state.start)
+            state.start = min(after + 1, len(self.sources) - 1)
+            state.contributed = set()
+        who = ", ".join(label(s) for s in blamed) or "no source"
+        then = (f"deleted, fetching it again from {label(self.sources[state.start])}" if again
+                else "deleted; no download left")
+        self._say(f"prefetch: {entry.path}: {problem} (bytes from {who}, refused by the lock); {then}")
+
+
+def fetch_lock(source: str, lock_revision: str, repo: str) -> Lock:
+    """The lock an in-cluster source serves beside its tree. Not trusted either: parsed
+    (its digest recomputed from its file list), held to the pinned repo and revision here
+    and to the pinned digest by check-lock.sh before a single shard is fetched."""
+    url = source + LOCK_ROUTE.format(revision=lock_revision)
+    with urllib.request.urlopen(url, timeout=30) as resp:      # noqa: S310 (http(s) only)
+        raw = resp.read(LOCK_BYTES_MAX + 1)
+    if len(raw) > LOCK_BYTES_MAX:
+        raise tree.LockError(f"{url}: lock larger than {LOCK_BYTES_MAX} bytes")
+    lock = tree.parse_lock(json.loads(raw.decode("utf-8")))
+    if lock.repo != repo or lock.revision != lock_revision:
+        raise tree.LockError(f"{url}: the source's lock pins {lock.repo}@{lock.revision}, "
+                             f"wanted {repo}@{lock_revision}")
+    return lock
+
+
+def lock_from_sources(sources: list[str], repo: str, revision: str, *,
+                      emit: Optional[Emit] = None, hub_lock: Optional[Callable[[], Lock]] = None) -> Lock:
+    """The lock from the first source that has it: an in-cluster source's lock file, or
+    Hub metadata (`hub_lock`)."""
+    say = emit or (lambda _line: None)
+    if sources == [HUB] and hub_lock is not None:
+        return hub_lock()                 # the Hub alone: its own errors, unwrapped
+    errors = []
+    for source in sources:
+        try:
+            if source == HUB:
+                if hub_lock is None:
+                    raise tree.LockError("no Hub lock builder")
+                return hub_lock()
+            lock = fetch_lock(source, revision, repo)
+            say(f"lock: {repo}@{revision} from {label(source)}")
+            return lock
+        except Exception as exc:          # next source; every failure is reported at the end
+            errors.append(f"{label(source)}: {type(exc).__name__}: {exc}")
+            say(f"lock: {label(source)} failed ({type(exc).__name__}: {exc}); trying the next source")
+    raise tree.LockError("no source gave the lock: " + "; ".join(errors))
+
+
+def hub_token_for(source: str, token):
+    """The HF token goes to the Hub only; in-cluster sources get `False` (huggingface_hub:
+    send no Authorization header, do not read HF_TOKEN either)."""
+    return token if source == HUB else False
+
+
+def endpoint_for(source: str, hub_endpoint: Optional[str]) -> Optional[str]:
+    return (hub_endpoint or os.environ.get("HF_ENDPOINT") or None) if source == HUB else source
