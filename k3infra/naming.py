@@ -35,6 +35,7 @@ APP = "kimi-k3"                      # app.kubernetes.io/name of every instance
 # module builds (NetworkPolicies select the prefetch and benchmark pods).
 PREFETCH_COMPONENT = "weights-prefetch"
 PREPULL_COMPONENT = "image-prepull"
+SOURCE_COMPONENT = "weights-source"      # in-cluster sources of verified weights copies
 BENCHMARK_COMPONENT = "benchmark"
 BENCHMARK_RESULTS_COMPONENT = "benchmark-results"
 BENCHMARK_READER_COMPONENT = "benchmark-reader"

@@ -11,6 +11,7 @@ from k3infra.receipt import Receipt
 from k3infra.serve_argv import SERVING_CONTAINER, serve_argv
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
+from k3infra.weights import fanout
 from k3infra.weights import manifests as w
 
 
@@ -45,6 +46,8 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
          f"{w.prefetch_timeout_seconds(r, cfg)} s"),
+        ("weights fill", f"k3:weights.source {cfg.weights.source}: "
+         f"{fanout.fill_plan(r, cfg).summary()}"),
         ("weights gate", w.gate_summary(r, cfg)),
         ("vllm serve", serve_line or rendered_serve_line(render)),
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),

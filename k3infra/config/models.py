@@ -131,6 +131,14 @@ class WeightsConfig(_Section):
     local_storage_class: str = Field(default="k3-local-nvme", alias="localStorageClass")
     # Expected Hub download bandwidth in GB/s: sizes the prefetch Job's timeout.
     download_gbps: float = Field(default=0.5, gt=0, alias="downloadGBps")
+    # Where node-local copies after the first take their bytes (docs/weights.md, "Once per
+    # cluster"): the Hub for every copy, in-cluster sources of verified copies only, or
+    # those first and the Hub as the fallback (the default: 1x the tree from the Hub,
+    # and a dead in-cluster source costs time, not the fill).
+    source: Literal["hub", "cluster", "cluster-then-hub"] = "cluster-then-hub"
+    # Expected rate of one in-cluster transfer (source -> filling node), GB/s: sizes the
+    # in-cluster fills' timeouts and the fill plan render prints.
+    cluster_gbps: float = Field(default=2.0, gt=0, alias="clusterGBps")
     # The check before every engine start: warm = full read-and-hash (warms the page
     # cache for the load); stamps = full at pod creation, then this pod's own stamps on
     # container restarts (nodes whose RAM cannot hold the tree).

@@ -16,6 +16,9 @@ HF_HUB_OFFLINE=1 none to the Hub, in both weights modes: only the prefetch Job f
 Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`,
 minus `k3:network.clusterCidrs` and link-local 169.254.0.0/16: the cloud's instance
 metadata service, in-cluster services and the node network are never "the Hub").
+With in-cluster weights sources (k3:weights.source, node-local, more than one replica):
+prefetch pods may also reach this stack's source pods on the source port, and the source
+pods admit exactly that: ingress from this stack's prefetch pods on that port, no egress.
 Weights audit pods (k3:weights.auditSchedule) are selected by no allow rule: the default
 deny leaves them no ingress and no egress (they read a volume and print). So are the
 engine image pre-pull pods (k3:coldStart.prepull): they only sleep; the kubelet pulls.
@@ -39,14 +42,17 @@ from __future__ import annotations
 
 from k3infra.config import StackConfig
 from k3infra.naming import (ACCURACY_COMPONENT, BENCHMARK_COMPONENT,
-                            BENCHMARK_READER_COMPONENT, EPP_COMPONENT, PREFETCH_COMPONENT)
+                            BENCHMARK_READER_COMPONENT, EPP_COMPONENT, PREFETCH_COMPONENT,
+                            SOURCE_COMPONENT)
 from k3infra.netpol import default_deny, dns_egress, gateway_proxy_peers, internet_peers
 from k3infra.netpol import namespace_peer as _namespace_peer
 from k3infra.serving import manifests as m
+from k3infra.weights import fanout
 
 
 def policy_names(base: str) -> dict[str, str]:
     return {"default-deny": f"{base}-default-deny", "serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}",
+            "source": f"{base}-{SOURCE_COMPONENT}",
             "benchmark": f"{base}-{BENCHMARK_COMPONENT}",
             "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}",
             "accuracy": f"{base}-{ACCURACY_COMPONENT}"}
@@ -114,10 +120,27 @@ def _policy(name: str, names: m.ServingNames, instance: str, selector: dict,
                      "ingress": [], "egress": egress}}
 
 
+def _to_sources(instance: str) -> dict:
+    return {"to": [{"podSelector": component_selector(instance, SOURCE_COMPONENT)}],
+            "ports": [{"port": fanout.SOURCE_PORT, "protocol": "TCP"}]}
+
+
 def prefetch_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+    egress = [dns_egress(cfg), hub_egress(cfg)]
+    if fanout.serving_copies(cfg):
+        egress.append(_to_sources(instance))      # this stack's in-cluster sources, their port
     return _policy(policy_names(names.base)["prefetch"], names, instance,
-                   component_selector(instance, PREFETCH_COMPONENT),
-                   [dns_egress(cfg), hub_egress(cfg)])
+                   component_selector(instance, PREFETCH_COMPONENT), egress)
+
+
+def source_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+    """In-cluster weights sources: ingress only from this stack's prefetch pods, only on
+    the source port; no egress (they read a volume and answer)."""
+    pol = _policy(policy_names(names.base)["source"], names, instance,
+                  component_selector(instance, SOURCE_COMPONENT), [])
+    pol["spec"]["ingress"] = [{"from": [{"podSelector": component_selector(instance, PREFETCH_COMPONENT)}],
+                               "ports": [{"port": fanout.SOURCE_PORT, "protocol": "TCP"}]}]
+    return pol
 
 
 def benchmark_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
@@ -137,6 +160,8 @@ def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> 
     out = [default_deny(policy_names(names.base)["default-deny"], names.namespace,
                         m.labels(instance, "network-policy")),
            serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
+    if fanout.serving_copies(cfg):
+        out.append(source_policy(cfg, names, instance))
     if cfg.benchmark.enabled:
         out += benchmark_policies(cfg, names, instance)
     if cfg.accuracy.enabled:

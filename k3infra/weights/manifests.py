@@ -3,7 +3,7 @@ or one local PersistentVolume per serving node), the prefetch Job(s), the gate t
 in the serving container before every `vllm serve` start, and the periodic audit.
 
 Pure: (receipt, config, names, image) -> manifest dicts. The runtime that runs in pods
-(k3infra/weights/{tree,verify,gate,prefetch,__main__}.py, standard library +
+(k3infra/weights/{tree,verify,gate,sources,prefetch,__main__}.py, standard library +
 huggingface_hub) reaches them through the ConfigMap, mounted as the package `k3weights`,
 so every weights container runs in the engine image with nothing extra to build. No
 container runs a ConfigMap file directly: the bootstrap inlined in the pod spec
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Optional
@@ -304,14 +303,19 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
                   image: Any, hf_token_secret: Optional[str], lock_text: Optional[str]) -> list[dict]:
     """The prefetch: one Job on the shared volume, or one per replica's local volume
     (the only pods that hold the HF token and reach the Hub)."""
+    from k3infra.weights.source_server import sources_env
+
     lay = layout(receipt, cfg)
     pod_labels = {**labels, "app.kubernetes.io/component": "weights-prefetch"}
     per_node = cfg.weights.mode == "node-local"
     jobs = []
     for i in range(cfg.replicas if per_node else 1):
+        # Where this copy's bytes come from, in order (k3infra/weights/fanout.py).
+        origin = {"name": "K3_WEIGHTS_SOURCES",
+                  "value": sources_env(cfg, base, namespace, i)}
         container = {"name": "prefetch", "image": image, "imagePullPolicy": "IfNotPresent",
                      "command": ["sh", "-c", PREFETCH_SCRIPT],
-                     "env": _prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret),
+                     "env": [*_prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret), origin],
                      "resources": JOB_RESOURCES, "securityContext": container_security_context(),
                      "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
                                       *_runtime_mounts(base)]}
@@ -359,9 +363,12 @@ def audit_cronjobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str
 
 
 def prefetch_timeout_seconds(receipt: Receipt, cfg: StackConfig) -> int:
-    """How long `pulumi up` waits for the prefetch Job: download at the expected
-    bandwidth, twice over for retries and hashing, plus 30 minutes."""
-    return math.ceil(2 * receipt.model.size_bytes / (cfg.weights.download_gbps * 1e9)) + 1800
+    """How long `pulumi up` waits for a prefetch Job that fills from the Hub: download at
+    the expected bandwidth, twice over for retries and hashing, plus 30 minutes (in-cluster
+    fills: k3infra/weights/fanout.py)."""
+    from k3infra.weights.fanout import hub_fill_seconds
+
+    return hub_fill_seconds(receipt, cfg)
 
 
 def gate_summary(receipt: Receipt, cfg: StackConfig) -> str:
