@@ -82,8 +82,12 @@ class Faults:
 
 class LoopbackHub:
     def __init__(self, repo: str, files: dict[str, bytes], commit: Optional[str] = None,
-                 link_bytes_per_s: Optional[float] = None, advertise_xet: bool = False):
+                 link_bytes_per_s: Optional[float] = None, advertise_xet: bool = False,
+                 redirect_lfs: bool = True):
         self.repo = repo
+        # redirect_lfs=False: LFS files are served at /resolve directly (no CDN hop), as an
+        # in-cluster source (nginx in the Hub's layout) serves them.
+        self.redirect_lfs = redirect_lfs
         # advertise_xet: LFS files say they are Xet-backed (X-Xet-Hash, refresh route) as
         # on the real Hub; there is no CAS server here, so clients must run with Xet off.
         self.advertise_xet = advertise_xet
@@ -117,7 +121,12 @@ class LoopbackHub:
         """GETs that carried the bytes of `path` (CDN for LFS, the Hub otherwise)."""
         with self._lock:
             return [h for h in self.hits if h.method == "GET" and h.path == path
-                    and (h.role == "cdn" or not self.lfs(path))]
+                    and (h.role == "cdn" or not self.lfs(path) or not self.redirect_lfs)]
+
+    def body_bytes(self) -> int:
+        """Every file byte this stand-in sent (Hub and CDN), all files."""
+        with self._lock:
+            return sum(h.sent for h in self.hits)
 
     def bytes_sent(self, path: str) -> int:
         return sum(h.sent for h in self.gets(path))
@@ -240,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
             if name not in hub.files:
                 return self._error(404, "EntryNotFound", {"X-Repo-Commit": hub.commit})
             data = hub.files[name]
-            if hub.lfs(name):
+            if hub.lfs(name) and hub.redirect_lfs:
                 sha = hashlib.sha256(data).hexdigest()
                 location = f"{hub.cdn}/cdn/{sha}?name={quote(name)}"
                 self.send_response(302)
