@@ -18,7 +18,8 @@ disabled: there is no CAS server here), so the client stays on plain HTTP.
 
 Faults, for the tests: drop the connection once after N bytes of a file, stall a file
 after N bytes until released (to kill the client mid-file; every GET, or only the next
-one), serve a corrupt byte (once or always).
+one), serve a corrupt byte (once or always); kill() the whole server (listening sockets
+and open connections).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -101,6 +103,7 @@ class LoopbackHub:
         self.hits: list[Hit] = []
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
+        self._conns: set = set()               # open client connections (kill() cuts them)
         self.stalled = threading.Event()       # set once a stalled file has sent its bytes
 
     # ---- what the tests read ----
@@ -150,6 +153,18 @@ class LoopbackHub:
         for server in self._servers:
             server.shutdown()
             server.server_close()
+
+    def kill(self) -> None:
+        """The server dies: no new connection is accepted and every open one is cut
+        (keep-alive connections included, which stop() alone leaves serving)."""
+        self.stop()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def __enter__(self) -> "LoopbackHub":
         return self.start()
@@ -206,6 +221,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # quiet test output
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.hub._lock:
+            self.hub._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.hub._lock:
+            self.hub._conns.discard(self.connection)
+        super().finish()
 
     def do_HEAD(self) -> None:
         self._route(head=True)

@@ -145,6 +145,7 @@ def test_the_source_admits_only_prefetch_pods_on_its_port():
     assert admitted == {f"kimi-k3-weights-prefetch-{i}" for i in range(3)}
     # No other policy opens the source pods: only the default deny and this one select them.
     selecting = {m["metadata"]["name"] for m in r.manifests() if m["kind"] == "NetworkPolicy"
+                 and m["metadata"]["namespace"] == "kimi-k3"
                  and (not m["spec"]["podSelector"] or matches(m["spec"]["podSelector"], source_pod))}
     assert selecting == {"kimi-k3-default-deny", "kimi-k3-weights-source"}
     # The prefetch pods may reach the sources, on that port only.

@@ -114,7 +114,7 @@ def test_a_source_that_dies_mid_file_hands_the_rest_to_the_hub_with_range(pair, 
         report=run(hub.files, tmp_path / "dest", [source.endpoint, "hub"])))
     worker.start()
     assert source.stalled.wait(60), "the source never sent the first chunk"
-    source.stop()                                  # the source dies: connection closed, port shut
+    source.kill()                       # the source dies: every connection cut, port shut
     worker.join(120)
     report = result["report"]
     assert report.ok, report.problems
