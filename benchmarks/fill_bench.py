@@ -271,7 +271,7 @@ def main() -> int:
                 # Copies after the first: time from the first copy's marker to the last one's.
                 tails = [r["seconds"] - r["node_seconds"][0] for r in runs]
                 rate = (n - 1) * total / statistics.median(tails) / 1e9
-                extra = (f"{n - 1} copies in {spread(tails)} s after copy 0: {rate:.2f} GB/s, "
+                extra = (f"{n - 1} cop{'y' if n == 2 else 'ies'} in {spread(tails)} s after copy 0: {rate:.2f} GB/s, "
                          f"{rate / hash_limit:.0%} of the hashing limit")
             # Its Hub floor: the Hub bytes it pulled over the paced link, the time no
             # scheme that pulls them can beat.
