@@ -301,3 +301,50 @@ def test_the_source_refuses_another_tree_even_with_its_marker(source_check):
     pod.env["K3_EXPECT_TREE_DIGEST"] = "sha256:" + "ab" * 32
     res = pod.start()
     assert res.returncode != 0 and "not the pinned tree" in res.stderr
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_the_rendered_jobs_fill_copy_1_from_copy_0_with_no_hub_byte(tmp_path):
+    """The rendered prefetch containers of a 3-replica node-local stack, run as pods run
+    them (no lock shipped): Job 0 from the Hub; nginx over copy 0's volume; Job 1 with its
+    rendered K3_WEIGHTS_SOURCES (the in-cluster name swapped for the local nginx) takes
+    the lock and every byte from the source: the Hub sees nothing."""
+    from hub_loopback import environment
+    from test_weights_pod_scripts import Pod, digest_of, materialize
+
+    files = make_repo(shards=2, shard_size=64 * 1024)
+    r = render("existing", f"weightsRevision={GOOD_REVISION}", "weights.mode=node-local",
+               "replicas=3")
+    runtime = materialize(r, tmp_path)
+
+    def job(i: int, hub) -> Pod:
+        (c,) = manifest(r, "Job", f"kimi-k3-weights-prefetch-{i}")["spec"]["template"]["spec"]["containers"]
+        node = tmp_path / f"node-{i}"
+        node.mkdir()
+        pod = Pod(c, node, runtime, environment(hub, str(node / "hf-home")))
+        pod.env["K3_EXPECT_TREE_DIGEST"] = digest_of(files)
+        return pod
+
+    with LoopbackHub(REPO, files, commit=GOOD_REVISION) as hub:
+        job0, job1 = job(0, hub), job(1, hub)
+        assert job0.env["K3_WEIGHTS_SOURCES"] == "hub"
+        done = job0.start()
+        assert done.returncode == 0, done.stderr
+        hub.clear_hits()
+        src = NginxSource(tmp_path / "node-0" / "weights", tmp_path / "nginx",
+                          w.WeightsLayout(REPO, GOOD_REVISION))
+        try:
+            rendered = job1.env["K3_WEIGHTS_SOURCES"]
+            assert rendered == "http://kimi-k3-weights-source-0.kimi-k3.svc:8080,hub"
+            job1.env["K3_WEIGHTS_SOURCES"] = rendered.replace(
+                "http://kimi-k3-weights-source-0.kimi-k3.svc:8080", src.url)
+            done = job1.start()
+            assert done.returncode == 0, done.stderr
+        finally:
+            src.stop()
+        assert hub.hits == []                                   # no metadata, no byte
+        assert f"lock: {REPO}@{GOOD_REVISION} from cluster source {src.url}" in done.stdout
+        assert f"cluster source {src.url}: {len(files)} files" in done.stdout
+        lock = lock_of(files, GOOD_REVISION)
+        assert verify.verify_tree(str(job1.tree), lock).ok
+        assert verify.marker_problem(str(job1.tree), lock) is None
