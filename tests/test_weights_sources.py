@@ -128,6 +128,36 @@ def test_a_source_that_dies_mid_file_hands_the_rest_to_the_hub_with_range(pair, 
                and f"resuming at byte {CHUNK} from the Hub" in line for line in report.lines)
 
 
+def test_a_source_that_stalls_is_abandoned_by_the_watchdog_and_the_hub_resumes(pair, tmp_path,
+                                                                               monkeypatch):
+    """The source stops sending mid-file and holds the connection open: the prefetch's
+    stall watchdog abandons the transfer, and the chain resumes it from the next source
+    (the Hub) with Range, instead of asking the stalled source again."""
+    from huggingface_hub import constants
+
+    hub, source = pair
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 120)
+    source.faults.stall[BIG] = CHUNK + 5000           # every GET from the source stalls
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        if "stalled; resuming" in line:
+            source.faults.released.set()             # let the abandoned connection end
+
+    report = prefetch.prefetch(lock_of(hub.files, GOOD_REVISION), "0" * 64, str(tmp_path / "dest"),
+                               emit=emit, interval=0.1, stall_seconds=1.0,
+                               sources=[source.endpoint, "hub"])
+    assert report.ok, report.problems
+    assert_verified(hub.files, tmp_path / "dest")
+    assert any(f"{BIG}: cluster source {source.endpoint} stalled; resuming at byte {CHUNK} "
+               "from the Hub" in line for line in lines), lines
+    (resumed,) = hub.gets(BIG)
+    assert resumed.range == f"bytes={CHUNK}-"
+    assert resumed.sent == len(hub.files[BIG]) - CHUNK
+    assert report.sources[source.endpoint].failures >= 1 and report.failovers >= 1
+
+
 def test_the_hf_token_goes_to_the_hub_only(pair, tmp_path, monkeypatch):
     hub, source = pair
     monkeypatch.setenv("HF_TOKEN", "hf_loopback_token")

@@ -12,8 +12,9 @@ another endpoint and **no token** (the HF token never leaves for the cluster).
 Nothing a source sends is trusted: every file is hashed against the lock as it lands
 (prefetch.py). Per file:
 
-- a source that fails (refused connection, dropped mid-file, 404, a wrong revision) hands
-  the file to the next source, which resumes the same partial file with `Range` (the
+- a source that fails (refused connection, dropped mid-file, 404, a wrong revision), or
+  whose transfer the prefetch's stall watchdog abandoned (a new call for a file whose
+  previous call still runs), hands the file to the next source, which resumes the same partial file with `Range` (the
   partial file is named by the lock's sha256, so bytes of one file are interchangeable
   between sources; a wrong one among them fails the hash below);
 - a file whose bytes fail the lock is deleted; its next download starts at the source
