@@ -71,14 +71,30 @@ def python_reference(pulumi: Pulumi, tmp_path: Path) -> dict:
     return written
 
 
+def host_on_path(pulumi: Pulumi) -> None:
+    """The CLI finds a bundled language host (yaml, nodejs, go) beside its own binary or
+    on PATH, never in PULUMI_HOME (`pulumi plugin install language yaml` is refused as
+    bundled). `make engine` links each part's binaries into one bin dir on PATH, so these
+    runs allow PATH lookups; every plugin there is one `make engine` built."""
+    pulumi.extra_env["PULUMI_IGNORE_AMBIENT_PLUGINS"] = "false"
+
+
 def consumer(pulumi: Pulumi, tmp_path: Path, language: str) -> Path:
     """The consumer program, outside the repository, with the package added."""
     provider = pulumi.cwd / "provider"
+    host_on_path(pulumi)
     plugin_virtualenv(pulumi.cwd)
     d = tmp_path / f"consumer-{language}"
     shutil.copytree(CONSUMERS / language, d)
     pulumi.cwd = d
-    pulumi.run("package", "add", str(provider), show=30)
+    proc = pulumi.run("package", "add", str(provider), show=30, check=language != "yaml")
+    if language == "yaml" and proc.returncode != 0:
+        # pulumi-yaml v1.25.0 (the newest the module proxy serves) has no Link: the add
+        # stops after reading the schema and generating, before it records the package.
+        # Record it as the add does (Pulumi.yaml `packages:`), which is all YAML needs.
+        assert "linking package: method Link not implemented" in proc.stderr, proc.stderr
+        project = d / "Pulumi.yaml"
+        project.write_text(project.read_text() + f"packages:\n  k3infra: {provider}\n")
     pulumi.run("stack", "init", "dev")
     pulumi.run("config", "set", "--secret", "apiKey", API_KEY, show=0)
     pulumi.run("config", "set", "kubernetes:renderYamlToDirectory", str(d / "out"), show=0)
