@@ -49,6 +49,14 @@ const exitAfterUserMessage = 32
 func main() {
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.String("tracing", "", "accepted for compatibility; tracing is not supported")
+	// Hosts built on an older SDK (pulumi-yaml v1.25.0's schema loader, sdk v3.206.0)
+	// start a language plugin with its runtime options as flags and -root; Pulumi's own
+	// host accepts them. They are the defaults for a request whose ProgramInfo omits them.
+	flags := map[string]*string{}
+	for _, name := range []string{"virtualenv", "toolchain", "typechecker"} {
+		flags[name] = flag.String(name, "", "runtime option "+name+" (older engines pass options as flags)")
+	}
+	root := flag.String("root", "", "the program's root directory (older engines)")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println(version.Version)
@@ -64,7 +72,12 @@ func main() {
 		fail(fmt.Errorf("missing %s beside the language host: %w", execScript, err))
 	}
 
-	host := &languageHost{script: script}
+	host := &languageHost{script: script, root: *root, flagOptions: map[string]any{}}
+	for name, value := range flags {
+		if *value != "" {
+			host.flagOptions[name] = *value
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	cancel := make(chan bool)
@@ -101,17 +114,27 @@ func fail(err error) {
 
 type languageHost struct {
 	pulumirpc.UnimplementedLanguageRuntimeServer
-	script string
-	engine string
+	script      string
+	engine      string
+	root        string         // -root, from an engine that passes it as a flag
+	flagOptions map[string]any // runtime options passed as flags
 }
 
 // options reads Pulumi.yaml's runtime options (virtualenv, toolchain) the way the SDK's
 // toolchain resolver expects them.
-func options(info *pulumirpc.ProgramInfo, isPlugin bool) (toolchain.PythonOptions, error) {
+func (h *languageHost) options(info *pulumirpc.ProgramInfo, isPlugin bool) (toolchain.PythonOptions, error) {
 	opts := toolchain.PythonOptions{Root: info.GetRootDirectory(), ProgramDir: info.GetProgramDirectory()}
+	if opts.Root == "" {
+		opts.Root = h.root
+	}
 	raw := map[string]any{}
+	for k, v := range h.flagOptions {
+		raw[k] = v
+	}
 	if info.GetOptions() != nil {
-		raw = info.GetOptions().AsMap()
+		for k, v := range info.GetOptions().AsMap() {
+			raw[k] = v
+		}
 	}
 	if v, ok := raw["virtualenv"]; ok {
 		s, ok := v.(string)
@@ -170,7 +193,7 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 	if h.engine == "" {
 		return nil, errors.New("Run before Handshake: no engine address")
 	}
-	opts, err := options(req.GetInfo(), false)
+	opts, err := h.options(req.GetInfo(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +274,7 @@ func (h *languageHost) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pul
 func (h *languageHost) RunPlugin(req *pulumirpc.RunPluginRequest, server pulumirpc.LanguageRuntime_RunPluginServer) error {
 	ctx := server.Context()
 	isPolicy := req.GetKind() == string(apitype.AnalyzerPlugin)
-	opts, err := options(req.GetInfo(), !isPolicy)
+	opts, err := h.options(req.GetInfo(), !isPolicy)
 	if err != nil {
 		return err
 	}
@@ -341,7 +364,7 @@ func (h *languageHost) RunPlugin(req *pulumirpc.RunPluginRequest, server pulumir
 func (h *languageHost) InstallDependencies(
 	req *pulumirpc.InstallDependenciesRequest, server pulumirpc.LanguageRuntime_InstallDependenciesServer,
 ) error {
-	opts, err := options(req.GetInfo(), req.GetIsPlugin())
+	opts, err := h.options(req.GetInfo(), req.GetIsPlugin())
 	if err != nil {
 		return err
 	}
@@ -362,7 +385,7 @@ func (h *languageHost) InstallDependencies(
 }
 
 func (h *languageHost) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumirpc.AboutResponse, error) {
-	opts, err := options(req.GetInfo(), false)
+	opts, err := h.options(req.GetInfo(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +407,7 @@ func (h *languageHost) About(ctx context.Context, req *pulumirpc.AboutRequest) (
 func (h *languageHost) GetProgramDependencies(
 	ctx context.Context, req *pulumirpc.GetProgramDependenciesRequest,
 ) (*pulumirpc.GetProgramDependenciesResponse, error) {
-	opts, err := options(req.GetInfo(), false)
+	opts, err := h.options(req.GetInfo(), false)
 	if err != nil {
 		return nil, err
 	}
