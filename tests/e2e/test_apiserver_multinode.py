@@ -35,7 +35,9 @@ GROUP_LABELS = {"leaderworkerset.sigs.k8s.io/group-index": "0",
 def rendered():
     from k3infra.render import render_stack
 
-    return render_stack("existing", list(MULTI_NODE_OVERRIDES), REPO).manifests()
+    # The template's storage class is a REPLACE placeholder the server refuses as a name.
+    return render_stack("existing", [*MULTI_NODE_OVERRIDES, "weights.storageClass=e2e-rwx"],
+                        REPO).manifests()
 
 
 @pytest.fixture(scope="module")
