@@ -343,3 +343,59 @@ def test_render_cli_word_for_word(tmp_path, capsys):
     assert "--node-rank 1" in out and "--headless" in out
     kinds = [p.name.split("-", 2)[1] for p in (tmp_path / "manifests").glob("*.yaml")]
     assert kinds.count("leaderworkerset") == 1 and kinds.count("computedomain") == 1
+
+
+# --- bench compare: cross-topology -------------------------------------------------------------
+
+def _bench_file(receipt, tmp_path, topology=None):
+    from bench_results import receipt_latencies_ms, result_dict, write_result
+    from k3infra.bench.workload import WORKLOAD_ID
+
+    m = next(m for m in receipt.measured if m.metric == "e2el")
+    w = receipt.workload_a
+    meta = {"k3_workload": WORKLOAD_ID, "k3_role": "measured", "k3_ignore_eos": "true",
+            "k3_run": "1", **({"k3_topology": topology} if topology else {})}
+    lat = receipt_latencies_ms(m.p50_ms, m.p99_ms)
+    data = result_dict(lat, concurrency=m.concurrency, output_len=w.output_tokens_max,
+                       metadata=meta,
+                       input_lens=[(w.prompt_tokens_min + w.prompt_tokens_max) // 2] * len(lat))
+    return write_result(tmp_path / "run1-c8-measured.json", data)
+
+
+def test_bench_compare_marks_a_multi_node_result_cross_topology(receipt, tmp_path, capsys):
+    path = _bench_file(receipt, tmp_path, "multi-node")
+    assert main(["bench", "compare", str(path)]) == 0       # the figures are the receipt's
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cross-topology comparison" in out and "NOT the measured configuration" in out
+
+
+def test_bench_compare_topology_flag_marks_files_without_it(receipt, tmp_path, capsys):
+    path = _bench_file(receipt, tmp_path)
+    assert main(["bench", "compare", str(path)]) == 0
+    assert "cross-topology" not in capsys.readouterr().out
+    assert main(["bench", "compare", "--topology", "multi-node", str(path)]) == 0
+    assert "cross-topology" in capsys.readouterr().out
+
+
+# --- the not-measured label ------------------------------------------------------------------------
+
+def test_the_label_transformation_keeps_an_objects_own_values_and_skips_cloud_resources():
+    import pulumi
+
+    from k3infra.kube import mark_every_object
+
+    transform = mark_every_object({"k3infra.dev/measured-configuration": "false"},
+                                  {"k3infra.dev/topology": "multi-node"})
+    class Args:
+        type_ = "kubernetes:apps/v1:Deployment"
+        props = {"metadata": {"name": "x", "annotations": {"k3infra.dev/measured-configuration": "kept"}}}
+        opts = pulumi.ResourceOptions()
+
+    plain = transform(Args).props["metadata"]
+    assert plain["annotations"] == {"k3infra.dev/measured-configuration": "kept"}
+    assert plain["labels"] == {"k3infra.dev/topology": "multi-node"}
+
+    class Cloud(Args):
+        type_ = "aws:ec2/launchTemplate:LaunchTemplate"
+
+    assert transform(Cloud) is None
