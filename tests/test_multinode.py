@@ -399,3 +399,13 @@ def test_the_label_transformation_keeps_an_objects_own_values_and_skips_cloud_re
         type_ = "aws:ec2/launchTemplate:LaunchTemplate"
 
     assert transform(Cloud) is None
+
+
+def test_verify_rows_of_the_rendered_group_hold(multi, receipt):
+    from k3infra.live import drift
+
+    (lws,) = objects(multi, "LeaderWorkerSet")
+    bad = [r.check for r in drift.group_drift(lws, receipt) if not r.ok]
+    assert bad == ["ready replicas [kimi-k3-r0 leader]"]          # nothing runs offline
+    assert drift.group_pods(lws) == ["kimi-k3-r0-0", "kimi-k3-r0-0-1"]
+    assert drift.group_model_dir(lws).startswith("/weights/moonshotai--Kimi-K3/")
