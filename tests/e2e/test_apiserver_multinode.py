@@ -190,3 +190,49 @@ def test_verify_reads_the_group_and_names_a_patched_worker_flag(cluster, applied
     bad = {r.check: r.actual for r in rows if r.area == "group" and not r.ok}
     print(f"after removing --headless through the API: {bad}")
     assert f"multi-node args [{lws['metadata']['name']} worker]" in bad
+
+
+# --- `pulumi up` of the multi-node stack: the real engine and provider ----------------------------
+
+from engine import copy_template, stack_ready  # noqa: E402
+from engine import engine_bin, project, pulumi, pulumi_home  # noqa: E402,F401  (fixtures)
+
+
+def test_pulumi_up_applies_the_group_and_destroys_it(pulumi, cluster, crds):
+    """The `existing` stack with k3:topology = multi-node through the real Pulumi engine and
+    Kubernetes provider (the test-only program of test_apiserver_stack.py: every object is
+    ready once it exists): the LeaderWorkerSet and ComputeDomain are created labelled not
+    measured, a second `up` changes nothing (the label transformation is stable), and
+    `destroy` removes them."""
+    from kubernetes import dynamic
+
+    from test_apiserver_stack import EXISTS_IS_READY_PROGRAM
+
+    pulumi.extra_env.update(cluster.env())
+    copy_template(pulumi)
+    stack_ready(pulumi, ("k3:topology", "multi-node"), ("k3:gpuProduct", "NVIDIA-GB300"),
+                ("k3:gpuMemoryGib", "267.69"))
+    (pulumi.cwd / "__main__.py").write_text(EXISTS_IS_READY_PROGRAM)
+    started = time.monotonic()
+    pulumi.run("up", "--yes", show=30)
+    print(f"up: {time.monotonic() - started:.0f} s")
+    outputs = pulumi.json("stack", "output", "--json")
+    assert "NOT the measured configuration" in outputs["topology"]
+    with cluster.api_client() as api_client:
+        dyn = dynamic.DynamicClient(api_client)
+        lws = dyn.resources.get(api_version="leaderworkerset.x-k8s.io/v1",
+                                kind="LeaderWorkerSet").get(name="kimi-k3-r0", namespace="kimi-k3")
+        cd = dyn.resources.get(api_version="resource.nvidia.com/v1beta1",
+                               kind="ComputeDomain").get(name="kimi-k3-r0-domain",
+                                                         namespace="kimi-k3")
+        for obj in (lws, cd):
+            ann = obj.metadata.annotations
+            assert ann["k3infra.dev/measured-configuration"] == "false"
+            assert "NOT the measured configuration" in ann["k3infra.dev/warning"]
+        assert lws.spec.leaderWorkerTemplate.size == 2
+        assert cd.spec.channel.resourceClaimTemplate.name == "kimi-k3-r0-imex"
+        pulumi.run("up", "--yes", "--expect-no-changes", show=10)
+        pulumi.run("destroy", "--yes", show=10)
+        left = dyn.resources.get(api_version="leaderworkerset.x-k8s.io/v1",
+                                 kind="LeaderWorkerSet").get(namespace="kimi-k3").items
+        assert left == [], [o.metadata.name for o in left]
