@@ -113,6 +113,12 @@ def check_config(cfg: "StackConfig", receipt: "Receipt") -> None:
             "a node label key naming the node's NVLink domain, such as nvidia.com/gpu.clique "
             "(set by GPU feature discovery on multi-node NVLink trays); without it the two "
             "nodes of a replica could land in different NVLink domains")
+    if cfg.profile == "custom":
+        raise ConfigError(
+            "k3:profile", cfg.profile,
+            "accepted with k3:topology = multi-node: measured or upstream. A multi-node "
+            "replica keeps the engine path exactly (the policy k3-serve-flags-multi-node "
+            "holds it); engine-path changes on top of an unmeasured topology are not built")
     if cfg.host is not None:
         raise ConfigError("k3:host", "set", "one Docker host cannot span two nodes: "
                           "k3:topology = multi-node needs a Kubernetes cluster")

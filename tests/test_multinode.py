@@ -249,6 +249,7 @@ def test_multi_node_keys_need_multi_node(receipt):
 @pytest.mark.parametrize("keys,key", [
     ({"weights": {"mode": "node-local"}}, "k3:weights.mode"),
     ({"serving": {"updateStrategy": "OnDelete"}}, "k3:serving.updateStrategy"),
+    ({"profile": "custom"}, "k3:profile"),
 ])
 def test_what_a_group_cannot_do_is_refused(receipt, keys, key):
     err = refusal(receipt, topology="multi-node", gpuProduct="NVIDIA-GB300", gpuMemoryGib=267.69,
@@ -409,3 +410,41 @@ def test_verify_rows_of_the_rendered_group_hold(multi, receipt):
     assert bad == ["ready replicas [kimi-k3-r0 leader]"]          # nothing runs offline
     assert drift.group_pods(lws) == ["kimi-k3-r0-0", "kimi-k3-r0-0-1"]
     assert drift.group_model_dir(lws).startswith("/weights/moonshotai--Kimi-K3/")
+
+
+def test_a_wired_multi_node_stack_labels_every_object():
+    """K3ServingStack in someone else's program with wired Inputs (their manifests are
+    Outputs): every Kubernetes object still carries the not-measured label."""
+    import pulumi
+    import pulumi_kubernetes as k8s
+
+    from k3infra.receipt import load_receipt
+    from k3infra.stack import K3ServingStack
+
+    from program_harness import record
+    from test_component_api import PINNED, source
+
+    def program():
+        _, o = source("upstream", {"revision": "3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c",
+                                   "image": "registry.example.com/k3/vllm-k3@sha256:" + "5e" * 32})
+        stack = K3ServingStack(
+            "kimi-k3", {"weightsRevision": o["revision"], "engineImage": o["image"],
+                        "apiKey": pulumi.Output.secret("sk-generated"),
+                        "acceptModelLicense": True, **PINNED, "topology": "multi-node",
+                        "gpuProduct": "NVIDIA-GB300", "gpuMemoryGib": 267.69,
+                        "weights": {"storageClass": "rwx"}},
+            pulumi.ResourceOptions(provider=k8s.Provider("target", kubeconfig="{}")),
+            receipt=load_receipt())
+        return pulumi.Output.all(*stack.outputs().values())
+
+    rec = record(program)
+    kube = rec.kubernetes()
+    assert {r.type for r in kube} >= {"kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet",
+                                      "kubernetes:resource.nvidia.com/v1beta1:ComputeDomain"}
+    for r in kube:
+        meta = r.inputs["metadata"]
+        assert meta["annotations"]["k3infra.dev/measured-configuration"] == "false", r.name
+        assert meta["labels"]["k3infra.dev/topology"] == "multi-node", r.name
+    (lws,) = rec.of_type("kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet")
+    leader = lws.inputs["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["args"][0].endswith("/3f1c2b4a5d6e7f8091a2b3c4d5e6f708192a3b4c")

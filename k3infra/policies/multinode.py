@@ -33,8 +33,7 @@ def _groups(args: ResourceValidationArgs) -> list[Workload]:
 
 def _serve_flags(args: ResourceValidationArgs, report: ReportViolation) -> None:
     for wl in _groups(args):
-        if stack_config.effective_profile(wl.annotation("k3infra.dev/profile")) == "custom":
-            continue        # engine-path changes are listed by k3-serve-flags-custom's rules
+        # No profile exemption: k3:profile custom is refused with multi-node (topology.py).
         tail = multi_node_args(topology.NODES_PER_REPLICA, _RANKS[wl.role])
         for c in wl.vllm_servers():
             tokens = list(c.serve_tokens() or [])
