@@ -119,6 +119,15 @@ def check_config(cfg: "StackConfig", receipt: "Receipt") -> None:
             "accepted with k3:topology = multi-node: measured or upstream. A multi-node "
             "replica keeps the engine path exactly (the policy k3-serve-flags-multi-node "
             "holds it); engine-path changes on top of an unmeasured topology are not built")
+    for key, section, why in (
+            ("k3:gateway.enabled", cfg.gateway,
+             "its InferencePool selects every serving pod, and a group's headless worker "
+             "serves no API"),
+            ("k3:autoscaling.enabled", cfg.autoscaling,
+             "its ScaledObject scales the serving StatefulSet, and a multi-node stack has "
+             "LeaderWorkerSets (one per replica)")):
+        if section.enabled:
+            raise ConfigError(key, True, f"accepted with k3:topology = multi-node: false; {why}")
     if cfg.host is not None:
         raise ConfigError("k3:host", "set", "one Docker host cannot span two nodes: "
                           "k3:topology = multi-node needs a Kubernetes cluster")

@@ -256,6 +256,8 @@ def test_multi_node_keys_need_multi_node(receipt):
     ({"weights": {"mode": "node-local"}}, "k3:weights.mode"),
     ({"serving": {"updateStrategy": "OnDelete"}}, "k3:serving.updateStrategy"),
     ({"profile": "custom"}, "k3:profile"),
+    ({"gateway": {"enabled": True}}, "k3:gateway.enabled"),
+    ({"autoscaling": {"enabled": True}}, "k3:autoscaling.enabled"),
 ])
 def test_what_a_group_cannot_do_is_refused(receipt, keys, key):
     err = refusal(receipt, topology="multi-node", gpuProduct="NVIDIA-GB300", gpuMemoryGib=267.69,
