@@ -62,6 +62,11 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
         gates.append(Gate("k3:profile", f"{cfg.profile}: NOT the measured configuration of "
                           f"receipt {receipt.id} ({gates_note}); figures must be re-measured",
                           refuses=False))
+    if cfg.topology == "multi-node":
+        from k3infra.topology import not_measured_text
+
+        gates.append(Gate("k3:topology", f"{not_measured_text(receipt)}; figures must be "
+                          "re-measured (docs/multinode.md)", refuses=False))
     return gates
 
 

@@ -44,9 +44,10 @@ def hbm_fit(receipt: Receipt, gpu_product: str,
         raise HbmError(
             f"k3:gpuProduct = {gpu_product!r}: nodes of {spec.gpus_per_node} GPUs cannot hold "
             f"one TP{tp}+EP replica; it would have to span "
-            f"{-(-tp // spec.gpus_per_node)} nodes over NVLink, which k3infra does not deploy "
-            f"(not measured). Accepted: a product with {tp} GPUs per node, such as "
-            f"{receipt.hardware.gpu_product_label}")
+            f"{-(-tp // spec.gpus_per_node)} nodes over NVLink (not measured). Accepted: a "
+            f"product with {tp} GPUs per node, such as {receipt.hardware.gpu_product_label}, "
+            "or k3:topology = multi-node for one replica across two 4-GPU trays of one NVLink "
+            "domain (docs/multinode.md)")
     memory = gpu_memory_gib if gpu_memory_gib is not None else (spec.memory_gib if spec else None)
     if memory is None:
         raise HbmError(

@@ -91,3 +91,27 @@ def child_options(parent: pulumi.Resource, opts: Optional[pulumi.ResourceOptions
 
 def _snake(key: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+
+
+def mark_every_object(annotations: dict[str, str], labels: dict[str, str]):
+    """A transformation (`ResourceOptions.transformations` of a component) that adds these
+    annotations and labels to every Kubernetes object registered under the component, at
+    any depth, unless the object sets the key itself (a multi-node stack is labelled not
+    measured on every object, not only on its workloads)."""
+
+    def add(meta: Any) -> dict:
+        meta = dict(meta or {})
+        meta["annotations"] = {**annotations, **(meta.get("annotations") or {})}
+        meta["labels"] = {**labels, **(meta.get("labels") or {})}
+        return meta
+
+    def transform(args: pulumi.ResourceTransformationArgs):
+        if not args.type_.startswith("kubernetes:") or args.type_.startswith("kubernetes:helm"):
+            return None
+        meta = args.props.get("metadata")
+        plain = isinstance(meta, dict) and all(
+            isinstance(meta.get(k), (dict, type(None))) for k in ("annotations", "labels"))
+        new_meta = add(meta) if plain else pulumi.Output.from_input(meta).apply(add)
+        return pulumi.ResourceTransformationResult({**args.props, "metadata": new_meta}, args.opts)
+
+    return transform

@@ -86,3 +86,20 @@ def build_node_placement() -> dict:
     return {"nodeSelector": {BUILD_NODE_KEY: "true"},
             "tolerations": [{"key": BUILD_NODE_KEY, "operator": "Equal", "value": "true",
                              "effect": "NoSchedule"}]}
+
+
+def node_affinity_in_domain(gpu_products: list[str], pool: str | None, domain_label: str) -> dict:
+    """node_affinity() on nodes that carry the NVLink domain label `domain_label` (a
+    multi-node replica; the label's value names the domain, nvidia.com/gpu.clique)."""
+    affinity = node_affinity(gpu_products, pool)
+    for term in affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
+        term["matchExpressions"].append({"key": domain_label, "operator": "Exists"})
+    return affinity
+
+
+def same_domain_as(pod_labels: dict[str, str], domain_label: str) -> dict:
+    """Pod affinity: in the NVLink domain (same `domain_label` value) of the pod with
+    these labels: the worker of a multi-node replica beside its leader."""
+    return {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": dict(pod_labels)},
+        "topologyKey": domain_label}]}

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from k3infra import topology
 from k3infra.config import ConfigError, StackConfig
 from k3infra.hbm import HbmError, hbm_fit
 from k3infra.nodepool.base import node_sku, pool_spec
@@ -34,6 +35,12 @@ class Check:
 
 
 def check_hbm(cfg: StackConfig, receipt: Receipt) -> Check:
+    if topology.is_multi_node(cfg):
+        try:
+            fit = topology.domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+        except ConfigError as exc:
+            raise PreflightError(exc.key, exc.value, exc.accepted) from None
+        return Check("HBM fit per NVLink domain", fit.summary())
     try:
         fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
     except HbmError as exc:
@@ -58,6 +65,20 @@ def check_pool_gpu(cfg: StackConfig, receipt: Receipt) -> Check:
 def check_node_count(cfg: StackConfig, receipt: Receipt) -> Check:
     pool = cfg.node_pool
     gpus = receipt.measured_gpu.gpus_per_node
+    if topology.is_multi_node(cfg):
+        per = cfg.multi_node.nodes_per_replica
+        need = per * cfg.replicas
+        shape = (f"{cfg.replicas} replica(s) x {per} nodes of {cfg.multi_node.gpus_per_node} "
+                 f"GPUs in one NVLink domain (same {cfg.multi_node.domain_label})")
+        if pool.node_count is None:
+            return Check("nodes vs replicas", f"{shape} = {need} node(s); bring-your-own node "
+                         "count not stated (k3:nodePool.nodeCount), not checked")
+        if pool.node_count < need:
+            raise PreflightError(
+                "k3:nodePool.nodeCount", pool.node_count,
+                f"k3:replicas = {cfg.replicas} with k3:topology = multi-node needs at least "
+                f"{need} nodes: each replica spans {per} nodes")
+        return Check("nodes vs replicas", f"{pool.node_count} node(s) for {shape}")
     if pool.node_count is None:
         if pool.provider == "existing":
             return Check("nodes vs replicas",
@@ -144,12 +165,21 @@ def pool_summary(cfg: StackConfig, receipt: Receipt) -> Check:
                          f"{spec.labels}, {operator}")
 
 
+def multi_node_requirements(cfg: StackConfig, receipt: Receipt) -> Check:
+    if not topology.is_multi_node(cfg):
+        return Check("topology", f"single-node: one replica = one "
+                     f"{receipt.measured_gpu.gpus_per_node}-GPU node (the receipt's)")
+    return Check("topology", f"{topology.not_measured_text(receipt)}; needs "
+                 f"{topology.requirements(receipt)}")
+
+
 def run_preflight(cfg: StackConfig, receipt: Receipt,
                   lock_total_bytes: Optional[int] = None) -> list[Check]:
     """All checks in order; the first failure raises PreflightError."""
     return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
             check_node_count(cfg, receipt), check_local_nvme(cfg, receipt, lock_total_bytes),
-            check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt)]
+            check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt),
+            multi_node_requirements(cfg, receipt)]
 
 
 def preflight_report(cfg: StackConfig, receipt: Receipt,

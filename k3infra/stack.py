@@ -24,14 +24,14 @@ from typing import Any, Mapping, Optional, TypedDict, Union
 
 import pulumi
 
-from k3infra import gates, naming
+from k3infra import gates, naming, topology
 from k3infra.config import StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.gateway.auth import key_policy_note
 from k3infra.gateway.picker import picker_gates
 from k3infra.hbm import hbm_fit
 from k3infra.inputs import StackInputs, stack_inputs
-from k3infra.kube import apply_manifest, child_options
+from k3infra.kube import apply_manifest, child_options, mark_every_object
 from k3infra.nodepool.component import B300NodePool
 from k3infra.operations.autoscaling import scaling_warnings
 from k3infra.operations.component import ServingOperations
@@ -54,6 +54,8 @@ class K3ServingStackArgs(TypedDict, total=False):
     gpuProduct: str                      # GPU feature discovery product label
     gpuMemoryGib: float                  # per-GPU memory, only for products not in the receipt
     replicas: int                        # serving replicas = 8-GPU nodes
+    topology: str                        # single-node | multi-node (not measured)
+    multiNode: dict                      # nodesPerReplica, gpusPerNode, domainLabel
     profile: str                         # measured | upstream | custom
     acceptModelLicense: bool             # Kimi K3 License acknowledgement
     namespace: str                       # default: the instance name
@@ -87,6 +89,7 @@ class K3ServingStack(pulumi.ComponentResource):
     tree_digest: pulumi.Output[str]
     image: pulumi.Output[str]
     profile: pulumi.Output[str]
+    topology: pulumi.Output[str]
     license_name: pulumi.Output[str]
 
     def __init__(self, name: str, args: Union[K3ServingStackArgs, Mapping[str, Any], StackConfig],
@@ -116,7 +119,9 @@ class K3ServingStack(pulumi.ComponentResource):
         cfg = inputs.plain
         self.config = cfg
         self.inputs = inputs
-        self.fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+        self.fit = (topology.domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+                    if topology.is_multi_node(cfg)
+                    else hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib))
         m.check_shutdown(receipt, cfg)
         lock = load_stack_lock(receipt, cfg, check_revision=not inputs.is_wired("weightsRevision"))
         lock_holder["lock"] = lock
@@ -128,11 +133,17 @@ class K3ServingStack(pulumi.ComponentResource):
                       offline_render)
         self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
 
+        if topology.is_multi_node(cfg):
+            # Every Kubernetes object of the instance says it is not the measured configuration.
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(transformations=[
+                mark_every_object({"k3infra.dev/measured-configuration": "false",
+                                   "k3infra.dev/warning": topology.not_measured_text(receipt)},
+                                  {"k3infra.dev/topology": topology.MULTI_NODE})]))
         super().__init__("k3infra:index:K3ServingStack", name, None, opts)
         # Children carry this component's depends_on (e.g. ClusterAddons) themselves.
         self.pool = B300NodePool(f"{name}-pool", inputs, receipt, child_options(self, opts),
                                  instance=instance)
-        names = m.ServingNames(instance, cfg.namespace)
+        names = m.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
 
         ns = apply_manifest(f"{name}-namespace",
                             m.namespace(cfg.namespace, instance, m.pod_security_level(cfg)),
@@ -188,7 +199,7 @@ class K3ServingStack(pulumi.ComponentResource):
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=m.selector_labels(instance),
-                depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
+                depends_on=[*self.serving.workloads, *secrets], opts=in_ns)
 
         # k3:accuracy.enabled: the lm-eval smoke test, once serving is ready.
         self.accuracy = None
@@ -200,7 +211,7 @@ class K3ServingStack(pulumi.ComponentResource):
                 labels=m.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
                 api_key_secret=names.api_key_secret, api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=m.selector_labels(instance),
-                depends_on=[self.serving.statefulset, *secrets], opts=in_ns)
+                depends_on=[*self.serving.workloads, *secrets], opts=in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
@@ -214,6 +225,9 @@ class K3ServingStack(pulumi.ComponentResource):
         self.tree_digest = pulumi.Output.from_input(receipt.model.tree_digest)
         self.image = pulumi.Output.from_input(image)
         self.profile = pulumi.Output.from_input(cfg.profile)
+        self.topology = pulumi.Output.from_input(
+            topology.not_measured_text(receipt) if topology.is_multi_node(cfg)
+            else f"{topology.SINGLE_NODE}: {receipt.hardware.node} (the receipt's)")
         self.license_name = pulumi.Output.from_input(receipt.license.name)
         self.register_outputs(self.outputs())
 
@@ -223,5 +237,5 @@ class K3ServingStack(pulumi.ComponentResource):
                 "engineVersion": self.engine_version, "wheelSha256": self.wheel_sha256,
                 "imageDigest": self.image_digest, "engineProfile": self.engine_profile,
                 "weightsRevision": self.weights_revision, "treeDigest": self.tree_digest,
-                "image": self.image, "profile": self.profile,
+                "image": self.image, "profile": self.profile, "topology": self.topology,
                 "licenseName": self.license_name}

@@ -6,20 +6,24 @@ from __future__ import annotations
 from typing import Optional
 
 from k3infra.config import StackConfig
-from k3infra.hbm import hbm_fit
+from k3infra.topology import fit_summary, is_multi_node, not_measured_text
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import SERVING_CONTAINER, serve_argv
-from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import fanout
 from k3infra.weights import manifests as w
 
 
-def rendered_serve_line(render) -> str:
-    """`vllm serve ...` exactly as the rendered StatefulSet's vllm container runs it."""
-    (sts,) = [o for o in render.manifests() if o["kind"] == "StatefulSet"]
-    (vllm,) = [c for c in sts["spec"]["template"]["spec"]["containers"]
-               if c["name"] == SERVING_CONTAINER]
+def rendered_serve_line(render, template: str = "leaderTemplate") -> str:
+    """`vllm serve ...` exactly as the rendered StatefulSet's vllm container runs it; in a
+    multi-node render, the first LeaderWorkerSet's `template` (leader or worker)."""
+    workloads = [o for o in render.manifests() if o["kind"] in ("StatefulSet", "LeaderWorkerSet")]
+    if workloads[0]["kind"] == "StatefulSet":
+        (sts,) = workloads
+        pod = sts["spec"]["template"]
+    else:
+        pod = workloads[0]["spec"]["leaderWorkerTemplate"][template]
+    (vllm,) = [c for c in pod["spec"]["containers"] if c["name"] == SERVING_CONTAINER]
     argv = serve_argv(vllm)
     # From `vllm serve` on: the weights gate that runs first has its own row.
     start = next((i for i in range(len(argv) - 1) if argv[i] == "vllm" and argv[i + 1] == "serve"), 0)
@@ -32,11 +36,26 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
     Docker host's server container, k3infra/host/report.py)."""
     r = receipt
     budget = startup_budget_seconds(r, cfg)
-    measured = m.is_measured(cfg)
     image = render.outputs.get("image", cfg.engine_image)
+    if is_multi_node(cfg):
+        mn = cfg.multi_node
+        topology_rows = [
+            ("topology", f"[bold red]{not_measured_text(r)}[/bold red]"),
+            ("vllm serve (worker)", rendered_serve_line(render, "workerTemplate")),
+        ]
+        placement = (f"{cfg.replicas} replica(s) x {mn.nodes_per_replica} pods x "
+                     f"{mn.gpus_per_node} GPUs (one LeaderWorkerSet and one ComputeDomain per "
+                     f"replica) on nvidia.com/gpu.product={cfg.gpu_product}, both pods of a "
+                     f"replica in one NVLink domain ({mn.domain_label}); one pod per node; "
+                     f"pool: {cfg.node_pool.provider}")
+    else:
+        topology_rows = []
+        placement = (f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "
+                     f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "
+                     f"pool: {cfg.node_pool.provider}")
     return [
         ("receipt", r.id),
-        ("profile", cfg.profile if measured else
+        ("profile", cfg.profile if cfg.profile == "measured" else
          f"[bold red]{cfg.profile}: NOT the measured configuration[/bold red]"),
         # EngineBuild's label: the receipt's engine and how it is obtained, or the
         # upstream release marked "not the measured engine".
@@ -50,10 +69,9 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
          f"{fanout.fill_plan(r, cfg).summary()}"),
         ("weights gate", w.gate_summary(r, cfg)),
         ("vllm serve", serve_line or rendered_serve_line(render)),
+        *topology_rows,
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
-        ("placement", f"{cfg.replicas} replica(s) x {r.measured_gpu.gpus_per_node} GPUs on "
-         f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "
-         f"pool: {cfg.node_pool.provider}"),
-        ("HBM", hbm_fit(r, cfg.gpu_product, cfg.gpu_memory_gib).summary()),
+        ("placement", placement),
+        ("HBM", fit_summary(cfg, r)),
         *budget.rows(),
     ]

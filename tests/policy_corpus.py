@@ -485,3 +485,99 @@ def host_port_without_address(plan):
     def mutate(i):
         del i["ports"][0]["ip"]
     _with_host(plan, "kimi-k3-vllm", mutate)
+
+
+# --- a multi-node replica (k3:topology = multi-node; tests/test_multinode.py) ------------------
+# Variants of the multi-node render's plan (MULTI_NODE_OVERRIDES), in their own list: the
+# corpus above mutates the single-node render.
+
+MULTI_NODE_OVERRIDES = ("topology=multi-node", "gpuProduct=NVIDIA-GB300", "gpuMemoryGib=267.69")
+MULTI_NODE_CORPUS: list[Variant] = []
+
+
+def multi_node_variant(policy: str):
+    def register(fn: Callable[[dict], None]) -> Callable[[dict], None]:
+        MULTI_NODE_CORPUS.append(Variant(fn.__name__, policy, fn))
+        return fn
+    return register
+
+
+def group_template(plan: dict, role: str) -> dict:
+    """The LeaderWorkerSet's leaderTemplate / workerTemplate."""
+    return inputs(plan, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"][f"{role}Template"]
+
+
+def group_vllm(plan: dict, role: str) -> dict:
+    return next(c for c in group_template(plan, role)["spec"]["containers"] if c["name"] == "vllm")
+
+
+def _drop_domain_requirement(template: dict) -> None:
+    for term in template["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
+        term["matchExpressions"] = [e for e in term["matchExpressions"]
+                                    if e["key"] != "nvidia.com/gpu.clique"]
+
+
+@multi_node_variant("k3-nvlink-domain")
+def domain_label_missing(plan):
+    for role in ("leader", "worker"):
+        _drop_domain_requirement(group_template(plan, role))
+
+
+@multi_node_variant("k3-nvlink-domain")
+def worker_free_of_its_leaders_domain(plan):
+    del group_template(plan, "worker")["spec"]["affinity"]["podAffinity"]
+
+
+@multi_node_variant("k3-nvlink-domain")
+def no_imex_channel(plan):
+    for role in ("leader", "worker"):
+        del group_template(plan, role)["spec"]["resourceClaims"]
+
+
+@multi_node_variant("k3-serve-flags-multi-node")
+def worker_not_headless(plan):
+    group_vllm(plan, "worker")["args"].remove("--headless")
+
+
+@multi_node_variant("k3-serve-flags-multi-node")
+def multi_node_shorter_context(plan):
+    replace_arg(group_vllm(plan, "leader"), "--max-model-len",
+                str(int(_engine_arg("--max-model-len").value) // 2))
+
+
+@multi_node_variant("k3-serve-flags-multi-node")
+def multi_node_pipeline_parallel_added(plan):
+    group_vllm(plan, "leader")["args"][1:1] = ["--pipeline-parallel-size", "2"]
+
+
+@multi_node_variant("k3-serve-flags-multi-node")
+def worker_ranked_as_leader(plan):
+    replace_arg(group_vllm(plan, "worker"), "--node-rank", "0")
+
+
+@multi_node_variant("k3-gpu-count")
+def group_of_three(plan):
+    inputs(plan, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["size"] = 3
+
+
+@multi_node_variant("k3-gpu-count")
+def eight_gpus_per_tray(plan):
+    res = group_vllm(plan, "leader")["resources"]
+    res["requests"]["nvidia.com/gpu"] = res["limits"]["nvidia.com/gpu"] = "8"
+
+
+@multi_node_variant("k3-gpu-product")
+def multi_node_on_b300(plan):
+    for role in ("leader", "worker"):
+        for term in group_template(plan, role)["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
+            for e in term["matchExpressions"]:
+                if e["key"] == "nvidia.com/gpu.product":
+                    e["values"] = ["NVIDIA-B200"]
+
+
+@multi_node_variant("k3-receipt-annotations")
+def group_labelled_measured(plan):
+    group_template(plan, "leader")["metadata"]["annotations"][
+        "k3infra.dev/measured-configuration"] = "true"

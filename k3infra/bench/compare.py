@@ -70,6 +70,9 @@ class Comparison:
     tolerance_pct: float
     checks: list[Check] = field(default_factory=list)
     rows: list[LatencyRow] = field(default_factory=list)
+    # The results' topology when it is not the receipt's (one 8-GPU node): the figures are
+    # still set against the receipt's, marked as a cross-topology comparison.
+    cross_topology: Optional[str] = None
 
     @property
     def mismatches(self) -> list[Check]:
@@ -94,6 +97,9 @@ class Comparison:
         """One sentence per problem, for the summary under the table."""
         out = [f"{c.source}: {c.what}: expected {c.expected}, got {c.actual}"
                for c in self.mismatches]
+        if self.cross_topology:
+            out.append(f"cross-topology: results of a {self.cross_topology} replica against "
+                       "a receipt measured on one 8-GPU node; not the measured configuration")
         for r in self.failures:
             d = r.delta_pct()
             side = "above" if d > 0 else "below"
@@ -179,11 +185,20 @@ def workload_checks(r: BenchResult, receipt: Receipt) -> list[Check]:
     return out
 
 
+SINGLE_NODE = "single-node"
+
+
 def compare_results(results: Sequence[BenchResult], receipt: Receipt,
-                    tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> Comparison:
+                    tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
+                    topology: Optional[str] = None) -> Comparison:
+    """`topology`: the serving topology the results came from, when the files do not
+    record it (`k3_topology`, written by the benchmark Job)."""
     if tolerance_pct < 0:
         raise ValueError(f"tolerance {tolerance_pct} % must not be negative")
-    cmp = Comparison(tolerance_pct=tolerance_pct)
+    seen = {r.metadata.get("k3_topology") or topology or SINGLE_NODE for r in results}
+    other = sorted(t for t in seen if t != SINGLE_NODE)
+    cmp = Comparison(tolerance_pct=tolerance_pct,
+                     cross_topology=", ".join(other) if other else None)
     for r in results:
         checks = workload_checks(r, receipt)
         cmp.checks.extend(checks)

@@ -108,6 +108,9 @@ def runner_args(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: st
             "--seed", str(cfg.benchmark.seed), "--health-timeout", str(HEALTH_WAIT_SECONDS)]
     if cfg.benchmark.ignore_eos:
         args.append("--ignore-eos")
+    if cfg.topology != "single-node":
+        # Results of a multi-node replica say so: `bench compare` marks them cross-topology.
+        args += ["--topology", cfg.topology]
     return args
 
 

@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                           "k3_seed": str(args.seed),
                           "k3_ignore_eos": "true" if args.ignore_eos else "false",
                           "k3_dataset_sha256": info["dataset_sha256"],
-                          "k3_receipt": args.receipt})
+                          "k3_receipt": args.receipt, "k3_topology": args.topology})
             log(f"{s.name}: {len(s.prompts)} request(s) at concurrency {s.concurrency}")
             with open(run_dir / f"{s.name}.log", "w", encoding="utf-8") as out:
                 rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -315,6 +315,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--topology", default="single-node",
+                    help="the serving replica's topology, recorded in every result file")
     ap.add_argument("--health-timeout", type=float, default=3600.0)
     return ap.parse_args(argv)
 

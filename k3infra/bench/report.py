@@ -55,6 +55,10 @@ def print_comparison(cmp: Comparison, receipt: Receipt, console=None) -> None:
     from rich.console import Console
 
     console = console or Console()
+    if cmp.cross_topology:
+        console.print(f"[bold red]cross-topology comparison[/]: {cmp.cross_topology} results "
+                      f"against receipt {receipt.id} ({receipt.hardware.node}); NOT the measured "
+                      "configuration")
     files = len({c.source for c in cmp.checks})
     if cmp.mismatches:
         console.print(workload_table(cmp))

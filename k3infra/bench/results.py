@@ -28,7 +28,7 @@ E2EL_HINT = ("run vllm bench serve with --percentile-metrics ttft,tpot,itl,e2el 
 _PERCENTILE_KEY = re.compile(r"^p\d+(\.\d+)?_[a-z0-9_]+_ms$")
 # Keys the benchmark Job writes with --metadata (strings in the file).
 META_KEYS = ("k3_workload", "k3_role", "k3_run", "k3_run_id", "k3_seed", "k3_ignore_eos",
-             "k3_dataset_sha256", "k3_receipt")
+             "k3_dataset_sha256", "k3_receipt", "k3_topology")
 
 
 class ResultError(ValueError):

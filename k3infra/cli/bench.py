@@ -23,6 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     cmp.add_argument("--plot", type=Path, metavar="FILE.png",
                      help="draw per-request latencies against the receipt's p50/p99")
     cmp.add_argument("--receipt", help="another receipt file of the same schema")
+    cmp.add_argument("--topology", choices=("single-node", "multi-node"),
+                     help="the serving topology of files that do not record it (k3_topology); "
+                          "multi-node marks the comparison cross-topology")
     cmp.set_defaults(func=_compare)
 
     rec = sub.add_parser("receipt", help="write a receipt for your deployment from results")
@@ -106,7 +109,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     receipt = load_receipt(args.receipt)
     results = _load(args.results)
-    cmp = compare_results(results, receipt, _tolerance(args.tolerance_pct))
+    cmp = compare_results(results, receipt, _tolerance(args.tolerance_pct), args.topology)
     print_comparison(cmp, receipt)
     if args.plot:
         from k3infra.bench.report import plot_latencies

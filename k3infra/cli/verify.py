@@ -57,15 +57,26 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
     from k3infra.weights.manifests import WeightsLayout
     from k3infra.weights.tree import MARKER_NAME
 
-    sts = cluster.statefulset()
-    rows = drift.statefulset_drift(sts, receipt, expected_image)
-    ann = sts["metadata"].get("annotations") or {}
+    # A multi-node stack serves from LeaderWorkerSet groups (k3infra/serving/group.py):
+    # every pod of every group is read, the leader's serve line judged like a node's.
+    groups = cluster.groups() if hasattr(cluster, "groups") else []
+    if groups:
+        rows, pods = [], []
+        for lws in groups:
+            rows += drift.group_drift(lws, receipt, expected_image)
+            pods += drift.group_pods(lws)
+        workload = groups[0]
+        tree = drift.group_model_dir(workload)
+    else:
+        workload = cluster.statefulset()
+        rows = drift.statefulset_drift(workload, receipt, expected_image)
+        tree = drift.model_dir(workload)
+        name = workload["metadata"]["name"]
+        pods = [f"{name}-{i}" for i in range(int(workload["spec"].get("replicas", 1)))]
+    ann = workload["metadata"].get("annotations") or {}
     revision = ann.get("k3infra.dev/weights-revision")
     profile = ann.get("k3infra.dev/profile", "measured")
-    tree = drift.model_dir(sts)
-    name = sts["metadata"]["name"]
-    for ordinal in range(int(sts["spec"].get("replicas", 1))):
-        pod = f"{name}-{ordinal}"
+    for pod in pods:
         try:
             text = cluster.read_file(pod, drift.SERVING_CONTAINER, f"{tree}/{MARKER_NAME}") \
                 if tree else None

@@ -689,6 +689,18 @@ class HostConfig(_Section):
         return self
 
 
+class MultiNodeConfig(_Section):
+    """One replica across the nodes of one NVLink domain (k3:multiNode, with
+    k3:topology = multi-node; docs/multinode.md). Not the measured configuration. The
+    accepted values are checked in k3infra/topology.py, which says why they are the only ones."""
+
+    nodes_per_replica: int = Field(default=2, ge=1, alias="nodesPerReplica")
+    gpus_per_node: int = Field(default=4, ge=1, alias="gpusPerNode")
+    # The node label that names a node's NVLink domain; GPU feature discovery sets
+    # nvidia.com/gpu.clique (<cluster UUID>.<clique id>) on multi-node NVLink trays.
+    domain_label: str = Field(default="nvidia.com/gpu.clique", alias="domainLabel")
+
+
 class StackConfig(_Section):
     """All `k3:*` keys. Field aliases are the config key names."""
 
@@ -698,6 +710,10 @@ class StackConfig(_Section):
     gpu_memory_gib: Optional[float] = Field(default=None, gt=0, alias="gpuMemoryGib")
     engine_image: Optional[str] = Field(default=None, alias="engineImage")
     replicas: int = Field(default=1, ge=1)
+    # single-node: one replica = one 8-GPU node (the receipt). multi-node: one replica
+    # across k3:multiNode's nodes of one NVLink domain (not measured).
+    topology: Literal["single-node", "multi-node"] = "single-node"
+    multi_node: MultiNodeConfig = Field(default_factory=MultiNodeConfig, alias="multiNode")
     profile: Literal["measured", "upstream", "custom"] = "measured"
     api_key: Secret = Field(alias="apiKey")
     hf_token: Optional[Secret] = Field(default=None, alias="hfToken")

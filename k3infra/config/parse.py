@@ -94,6 +94,9 @@ def _receipt_defaults(cfg: StackConfig, receipt: Receipt) -> StackConfig:
 
 
 def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
+    from k3infra.topology import check_config as check_topology
+
+    check_topology(cfg, receipt)
     _check_gateway(cfg)
     _check_autoscaling(cfg)
     if cfg.serving.update_partition > cfg.replicas:

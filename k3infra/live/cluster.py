@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from k3infra import naming
+from k3infra import naming, topology
 
 SERVING_SELECTOR = f"app.kubernetes.io/name={naming.APP},app.kubernetes.io/component=serving"
 JOB_SELECTOR = f"app.kubernetes.io/component={naming.BENCHMARK_COMPONENT}"
@@ -91,6 +91,26 @@ class KubeCluster:
         return self._call(f"reading the log of {pod}/{container}",
                           self.core.read_namespaced_pod_log, pod, self.namespace,
                           container=container, timestamps=True, previous=previous)
+
+    def groups(self) -> list[dict]:
+        """The serving LeaderWorkerSets of a multi-node stack, by name ([] when there are
+        none, or the LeaderWorkerSet CRD is not installed)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        group, _, version = topology.LWS_API_VERSION.partition("/")
+        try:
+            found = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                group, version, self.namespace, "leaderworkersets",
+                label_selector=SERVING_SELECTOR)
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise ClusterError(f"listing LeaderWorkerSets in namespace {self.namespace}: "
+                               f"{_api_message(exc)}") from None
+        except OSError as exc:
+            raise ClusterError(f"listing LeaderWorkerSets: cluster not reachable ({exc})") from None
+        return sorted(found.get("items") or [], key=lambda o: o["metadata"]["name"])
 
     def read_file(self, pod: str, container: str, path: str) -> Optional[str]:
         """A text file inside a running container; None when it does not exist."""

@@ -109,6 +109,72 @@ def statefulset_drift(sts: dict, receipt: Receipt,
     return out
 
 
+def _group_templates(lws: dict) -> list[tuple[str, int, dict]]:
+    lwt = (lws.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    worker = lwt.get("workerTemplate") or {}
+    return [("leader", 0, lwt.get("leaderTemplate") or worker), ("worker", 1, worker)]
+
+
+def group_drift(lws: dict, receipt: Receipt,
+                expected_image: Optional[str] = None) -> list[DriftRow]:
+    """A multi-node replica (LeaderWorkerSet): its size, then each template's vLLM
+    container as statefulset_drift judges a node's, once vLLM's multi-node arguments
+    (exactly k3infra.serving.group.multi_node_args) are taken off the end."""
+    from k3infra import topology
+    from k3infra.serving.group import multi_node_args
+
+    out: list[DriftRow] = []
+    area = "group"
+    name = (lws.get("metadata") or {}).get("name", "?")
+    ann = (lws.get("metadata") or {}).get("annotations") or {}
+    size = ((lws.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size")
+    _row(out, area, f"size [{name}]", topology.NODES_PER_REPLICA, size,
+         size == topology.NODES_PER_REPLICA)
+    _row(out, area, f"labelled not measured [{name}]", "k3infra.dev/measured-configuration=false",
+         f"k3infra.dev/measured-configuration={ann.get('k3infra.dev/measured-configuration')}",
+         ann.get("k3infra.dev/measured-configuration") == "false")
+    ready = (lws.get("status") or {}).get("readyReplicas") or 0
+    for role, rank, template in _group_templates(lws):
+        spec = template.get("spec") or {}
+        containers = spec.get("containers") or []
+        tail = multi_node_args(topology.NODES_PER_REPLICA, rank)
+        fixed = []
+        for c in containers:
+            if c.get("name") == SERVING_CONTAINER:
+                args = [str(a) for a in c.get("args") or []]
+                found = args[-len(tail):]
+                _row(out, area, f"multi-node args [{name} {role}]", " ".join(tail),
+                     " ".join(found), found == tail)
+                c = {**c, "args": args[:-len(tail)] if found == tail else args}
+            fixed.append(c)
+        as_node = {"metadata": lws.get("metadata") or {},
+                   "spec": {"replicas": (lws.get("spec") or {}).get("replicas", 1),
+                            "template": {**template, "spec": {**spec, "containers": fixed}}},
+                   "status": {"readyReplicas": ready}}
+        for r in statefulset_drift(as_node, receipt, expected_image):
+            if role == "worker" and r.check in ("ready replicas", "receipt annotation",
+                                                "engine commit annotation", "profile"):
+                continue        # the group's, shown once with the leader
+            out.append(DriftRow(area, f"{r.check} [{name} {role}]", r.expected, r.actual, r.ok))
+    return out
+
+
+def group_pods(lws: dict) -> list[str]:
+    """Every pod of the LeaderWorkerSet's groups: `<name>-<g>` and `<name>-<g>-<w>`."""
+    name = lws["metadata"]["name"]
+    spec = lws.get("spec") or {}
+    size = int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1)
+    out = []
+    for g in range(int(spec.get("replicas", 1))):
+        out += [f"{name}-{g}", *(f"{name}-{g}-{w}" for w in range(1, size))]
+    return out
+
+
+def group_model_dir(lws: dict) -> Optional[str]:
+    _, _, leader = _group_templates(lws)[0]
+    return model_dir({"spec": {"template": leader}})
+
+
 def model_dir(sts: dict) -> Optional[str]:
     containers = sts.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
     c = next((x for x in containers if x.get("name") == SERVING_CONTAINER), None)

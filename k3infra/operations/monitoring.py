@@ -11,6 +11,7 @@ ServiceMonitor or PodMonitor attaches); kube-state-metrics series carry the pod'
 """
 from __future__ import annotations
 
+from k3infra import topology
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
 from k3infra.receipt import Measurement, Receipt
@@ -45,7 +46,10 @@ def p99_threshold_seconds(receipt: Receipt, cfg: StackConfig) -> float:
 
 
 def pod_regex(names: m.ServingNames) -> str:
-    """StatefulSet pods are `<name>-<ordinal>`."""
+    """StatefulSet pods are `<name>-<ordinal>`; a multi-node group's leader
+    `<base>-r<replica>-0` and its worker `<base>-r<replica>-0-<index>`."""
+    if names.groups:
+        return f"{names.base}-r[0-9]+-0(-[0-9]+)?"
     return f"{names.statefulset}-[0-9]+"
 
 
@@ -70,7 +74,10 @@ def metrics_service(names: m.ServingNames, instance: str, port: int) -> dict:
             "metadata": {"name": metrics_service_name(names), "namespace": names.namespace,
                          "labels": {**m.labels(instance, "metrics"), METRICS_SERVICE_LABEL: "true"}},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": m.selector_labels(instance),
+                     # A multi-node group's metrics are its leader's (the worker serves none).
+                     "selector": ({**m.selector_labels(instance),
+                                   topology.LWS_WORKER_INDEX_LABEL: "0"} if names.groups
+                                  else m.selector_labels(instance)),
                      "ports": [{"name": "metrics", "port": port, "targetPort": "metrics",
                                 "protocol": "TCP"}]}}
 

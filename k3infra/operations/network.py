@@ -35,11 +35,17 @@ and accuracy Jobs: `allowFromNamespaces` / `allowFromPodLabels` are refused, cli
 call the Gateway. The endpoint picker reaches the metrics port (it scores on the
 queue and KV-cache series); its own policy is k3infra.gateway.network's.
 
+A multi-node replica (k3:topology = multi-node) is one torch.distributed world over two
+pods: its serving pods also admit and reach each other (only each other) on TCP
+1024-65535, the master port 29501 and the ports NCCL, gloo and vLLM's message queue
+pick at run time.
+
 Kubelet probes and `kubectl port-forward` reach the pod from its own node and are not
 subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-native).
 """
 from __future__ import annotations
 
+from k3infra import topology
 from k3infra.config import StackConfig
 from k3infra.naming import (ACCURACY_COMPONENT, BENCHMARK_COMPONENT,
                             BENCHMARK_READER_COMPONENT, EPP_COMPONENT, PREFETCH_COMPONENT,
@@ -101,12 +107,26 @@ def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> di
         ingress.append({"from": metrics_peers,
                         "ports": [{"port": cfg.serving.metrics_port, "protocol": "TCP"}]})
     egress = [dns_egress(cfg)]
+    if topology.is_multi_node(cfg):
+        # One replica's pods are one torch.distributed world: the master port (29501) and
+        # the ports NCCL's bootstrap/ring sockets, gloo and vLLM's cross-node message
+        # queue pick at run time. Only between serving pods of this instance.
+        ingress.append(group_rule("from", instance))
+        egress.append(group_rule("to", instance))
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": policy_names(names.base)["serving"], "namespace": names.namespace,
                          "labels": m.labels(instance, "network-policy")},
             "spec": {"podSelector": {"matchLabels": m.selector_labels(instance)},
                      "policyTypes": ["Ingress", "Egress"],
                      "ingress": ingress, "egress": egress}}
+
+
+def group_rule(direction: str, instance: str) -> dict:
+    """A multi-node group's own traffic: every unprivileged TCP port between the serving
+    pods of `instance` (`direction`: "from" for ingress, "to" for egress)."""
+    low, high = topology.GROUP_PORT_RANGE
+    return {direction: [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+            "ports": [{"port": low, "endPort": high, "protocol": "TCP"}]}
 
 
 def _policy(name: str, names: m.ServingNames, instance: str, selector: dict,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pulumi_policy import EnforcementLevel, Policy
 
 from k3infra.policies import (cluster_objects, drift, gateway, gating, hardware, host, images,
-                               pod_security, secrets)
+                               multinode, pod_security, secrets)
 
 PACK_NAME = "k3infra"
 DESCRIPTION = ("Kimi K3 on 8x B300: refuse deployments that drift from the measured serving "
@@ -21,6 +21,7 @@ POLICIES: list[Policy] = [
     *drift.POLICIES,
     *images.POLICIES,
     *hardware.POLICIES,
+    *multinode.POLICIES,
     *gating.POLICIES,
     *secrets.POLICIES,
     *pod_security.POLICIES,

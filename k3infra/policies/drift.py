@@ -12,7 +12,8 @@ from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidation
 from k3infra.config import COMMIT_RE
 from k3infra.policies import stack_config
 from k3infra.policies.serve_args import serve_drift
-from k3infra.policies.workloads import PROFILE_ANNOTATION, get, items, kind_of, workloads
+from k3infra.policies.workloads import (LEADER_WORKER_SET, PROFILE_ANNOTATION, get, items, kind_of,
+                                        workloads)
 from k3infra.receipt import load_receipt
 from k3infra.weights.manifests import LOCK_KEY, WeightsLayout
 
@@ -35,6 +36,8 @@ def _measured_text() -> str:
 def _serve_flags(custom: bool) -> Callable[[ResourceValidationArgs, ReportViolation], None]:
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
         for wl in workloads(args.resource_type, args.props):
+            if wl.kind == LEADER_WORKER_SET:
+                continue        # a multi-node group: k3infra/policies/multinode.py
             if wl.is_serving and (stack_config.effective_profile(
                     wl.annotation(PROFILE_ANNOTATION)) == "custom") != custom:
                 continue
@@ -79,8 +82,10 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
                     "k3infra.dev/engine-commit":
                         None if profile == "upstream" else _R.engine.commit,
                     "k3infra.dev/weights-repo": _R.model.repo,
+                    # A multi-node group is never the measured configuration.
                     "k3infra.dev/measured-configuration":
-                        "true" if profile == "measured" else "false"}
+                        "true" if profile == "measured" and wl.kind != LEADER_WORKER_SET
+                        else "false"}
         for key, want in expected.items():
             found = get(wl.pod_metadata, "annotations", key)
             if found != want:

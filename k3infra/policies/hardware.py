@@ -7,10 +7,12 @@ from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation
                            ResourceValidationArgs, ResourceValidationPolicy, StackValidationArgs,
                            StackValidationPolicy)
 
+from k3infra import topology
+from k3infra.config import ConfigError
 from k3infra.hbm import HbmError, hbm_fit
 from k3infra.placement import GPU_RESOURCE
 from k3infra.policies import stack_config
-from k3infra.policies.workloads import as_int, get, items, workloads
+from k3infra.policies.workloads import LEADER_WORKER_SET, as_int, get, items, workloads
 from k3infra.receipt import load_receipt
 from k3infra.serving import startup as budgets
 
@@ -25,12 +27,21 @@ _PROBE_DEFAULTS = {"periodSeconds": 10, "failureThreshold": 3, "initialDelaySeco
 
 def _gpu_count(args: ResourceValidationArgs, report: ReportViolation) -> None:
     for wl in workloads(args.resource_type, args.props):
+        group = wl.kind == LEADER_WORKER_SET
+        # A multi-node group: nodesPerReplica pods x gpusPerNode = the receipt's TP world.
+        want = topology.GPUS_PER_NODE if group else _GPUS
+        if group and wl.role == "leader" and wl.vllm_servers():
+            size = as_int(get(args.props, "spec", "leaderWorkerTemplate", "size"))
+            if size != topology.NODES_PER_REPLICA:
+                report(f"{wl.kind} {wl.name}: leaderWorkerTemplate.size is {size!r}, expected "
+                       f"{topology.NODES_PER_REPLICA} pods x {want} GPUs = TP{_GPUS}", None)
         for c in wl.vllm_servers():
             for part in ("requests", "limits"):
                 found = get(c.spec, "resources", part, GPU_RESOURCE)
-                if as_int(found) != _GPUS:
-                    report(f"{wl.kind} {wl.name} container {c.name}: resources.{part}"
-                           f"[{GPU_RESOURCE}] is {found!r}, expected {_GPUS}", None)
+                if as_int(found) != want:
+                    report(f"{wl.kind} {wl.name} {wl.role + ' ' if wl.role else ''}container "
+                           f"{c.name}: resources.{part}[{GPU_RESOURCE}] is {found!r}, "
+                           f"expected {want}", None)
 
 
 gpu_count = ResourceValidationPolicy(
@@ -46,16 +57,23 @@ gpu_count = ResourceValidationPolicy(
 
 # --- GPU product ---------------------------------------------------------------------------
 
-def _allowed_products(args) -> list[str]:
-    found = args.get_config().get("allowedProducts")
-    return [str(p) for p in items(found)] if found is not None else [_R.hardware.gpu_product_label]
+# Multi-node groups (k3:topology = multi-node) run on the receipt's 4-GPU products.
+_MULTI_NODE_PRODUCTS = sorted(p for p, spec in _R.gpus.items()
+                              if spec.gpus_per_node == topology.GPUS_PER_NODE)
+
+
+def _allowed_products(args, group: bool = False) -> list[str]:
+    key, default = (("allowedMultiNodeProducts", _MULTI_NODE_PRODUCTS) if group
+                    else ("allowedProducts", [_R.hardware.gpu_product_label]))
+    found = args.get_config().get(key)
+    return [str(p) for p in items(found)] if found is not None else list(default)
 
 
 def _gpu_product(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    allowed = _allowed_products(args)
     for wl in workloads(args.resource_type, args.props):
         if not wl.is_serving:
             continue
+        allowed = _allowed_products(args, wl.kind == LEADER_WORKER_SET)
         terms = wl.gpu_products()
         if terms is None:
             report(f"{wl.kind} {wl.name}: no required node affinity or nodeSelector on "
@@ -84,7 +102,12 @@ gpu_product = ResourceValidationPolicy(
         "allowedProducts": {
             "type": "array", "items": {"type": "string"}, "minItems": 1,
             "default": [_R.hardware.gpu_product_label],
-            "description": "nvidia.com/gpu.product values serving pods may run on"}}),
+            "description": "nvidia.com/gpu.product values serving pods may run on"},
+        "allowedMultiNodeProducts": {
+            "type": "array", "items": {"type": "string"}, "minItems": 1,
+            "default": _MULTI_NODE_PRODUCTS,
+            "description": "nvidia.com/gpu.product values the pods of a multi-node group "
+                           "(LeaderWorkerSet) may run on"}}),
 )
 
 
@@ -103,8 +126,11 @@ def _hbm_fit(args: StackValidationArgs, report: ReportViolation) -> None:
                 continue
             for product in sorted({p for t in terms for p in t}):
                 try:
-                    hbm_fit(_R, product, memory)
-                except HbmError as exc:
+                    if wl.kind == LEADER_WORKER_SET:     # summed over the NVLink domain
+                        topology.domain_fit(_R, product, memory)
+                    else:
+                        hbm_fit(_R, product, memory)
+                except (HbmError, ConfigError) as exc:
                     report(f"{wl.kind} {wl.name}: {exc}", res.urn)
 
 
@@ -148,13 +174,13 @@ dev_shm = ResourceValidationPolicy(
 
 # --- startup budget -----------------------------------------------------------------------
 
-def required_budget(args) -> budgets.StartupBudget:
+def required_budget(args, pods: int = 1) -> budgets.StartupBudget:
     serving = stack_config.serving()
     override = args.get_config().get("storageReadGBps")
     if override is not None:
         serving = serving.model_copy(update={"storage_read_gbps": float(override)})
     return budgets.startup_budget(_R, serving, stack_config.cold_start(),
-                                  stack_config.weights().gate_mode)
+                                  stack_config.weights().gate_mode, pods)
 
 
 def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -162,14 +188,18 @@ def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> No
         servers = wl.vllm_servers()
         if not servers:
             continue
-        budget = required_budget(args)
+        group = wl.kind == LEADER_WORKER_SET
+        # A group's gates read the tree at once on every pod (serving/startup.py).
+        budget = required_budget(args, topology.NODES_PER_REPLICA if group else 1)
         # The probe must outlast the gate and the engine's own deadline; the engine's
         # deadline must cover load + compile + profiling (k3infra.serving.startup).
         need, engine = budget.seconds("gate") + budget.engine_seconds, budget.engine_seconds
         for c in servers:
             probe = get(c.spec, "startupProbe")
-            where = f"{wl.kind} {wl.name} container {c.name}"
-            if probe is None:
+            where = f"{wl.kind} {wl.name} {wl.role + ' ' if wl.role else ''}container {c.name}"
+            if group and wl.role == "worker":
+                pass            # headless: no server to probe; the leader's probe waits for it
+            elif probe is None:
                 report(f"{where}: no startupProbe; liveness would kill a pod still loading "
                        f"(needs more than {need} s)", None)
             else:

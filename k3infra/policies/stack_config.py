@@ -84,3 +84,10 @@ def effective_profile(annotation: Optional[str]) -> str:
     if all(s == "custom" for s in sources):
         return "custom"
     return next(s for s in sources if s != "custom")
+
+
+def multi_node_domain_label() -> str:
+    """k3:multiNode.domainLabel, or the default the builders use."""
+    from k3infra.config import MultiNodeConfig
+
+    return _section("multiNode", MultiNodeConfig).domain_label

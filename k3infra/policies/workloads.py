@@ -25,6 +25,8 @@ _TEMPLATE_PATH = {
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
     "PodTemplate": ("template",),
 }
+# A multi-node replica (k3infra/serving/group.py): one LeaderWorkerSet, two pod templates.
+LEADER_WORKER_SET = "LeaderWorkerSet"
 PROFILE_ANNOTATION = "k3infra.dev/profile"
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 
@@ -142,6 +144,7 @@ class Workload:
     metadata: Mapping      # the object's metadata
     pod_metadata: Mapping  # the pod template's metadata
     pod_spec: Mapping
+    role: str = ""         # a LeaderWorkerSet's template: "leader" or "worker"
 
     def containers(self) -> list[Container]:
         out = []
@@ -199,6 +202,9 @@ class Workload:
 def workloads(resource_type: str, props: Mapping) -> Iterator[Workload]:
     """The pod template(s) of a Kubernetes resource (none for other resources)."""
     kind = kind_of(resource_type) or get(props, "kind")
+    if kind == LEADER_WORKER_SET or get(props, "kind") == LEADER_WORKER_SET:
+        yield from _group_workloads(props)
+        return
     if kind == "Pod":
         pod_meta, spec = get(props, "metadata"), get(props, "spec")
     elif kind in _TEMPLATE_PATH:
@@ -212,6 +218,22 @@ def workloads(resource_type: str, props: Mapping) -> Iterator[Workload]:
     yield Workload(str(kind), str(get(meta, "name", default="")),
                    str(get(meta, "namespace", default="default")), meta,
                    pod_meta if isinstance(pod_meta, Mapping) else {}, spec)
+
+
+def _group_workloads(props: Mapping) -> Iterator[Workload]:
+    """A LeaderWorkerSet's leader template (the worker's when it has none, as the
+    controller does) and its worker template."""
+    meta = get(props, "metadata") or {}
+    lwt = get(props, "spec", "leaderWorkerTemplate")
+    worker = get(lwt, "workerTemplate")
+    for role, template in (("leader", get(lwt, "leaderTemplate") or worker), ("worker", worker)):
+        spec = get(template, "spec")
+        if not isinstance(spec, Mapping):
+            continue
+        pod_meta = get(template, "metadata")
+        yield Workload(LEADER_WORKER_SET, str(get(meta, "name", default="")),
+                       str(get(meta, "namespace", default="default")), meta,
+                       pod_meta if isinstance(pod_meta, Mapping) else {}, spec, role)
 
 
 def label_selector_matches(selector: Any, labels: dict[str, str]) -> bool:

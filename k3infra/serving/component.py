@@ -9,8 +9,10 @@ from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, child_options
 from k3infra.receipt import Receipt
+from k3infra.serving import group
 from k3infra.serving import manifests as m, prepull
 from k3infra.serving.startup import startup_budget_seconds
+from k3infra.topology import is_multi_node
 from k3infra.weights.manifests import WeightsParts
 
 
@@ -36,11 +38,28 @@ class VllmServing(pulumi.ComponentResource):
         # together on create (Parallel) but roll one node at a time on update.
         create_s, update_s = startup_budget_seconds(receipt, plain).await_seconds(plain.replicas)
         create, update = f"{-(-create_s // 60)}m", f"{-(-update_s // 60)}m"
-        self.statefulset = apply_built(
-            f"{name}-statefulset", inputs,
-            lambda c: m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins),
-            child_options(self, opts, *depends_on,
-                          custom_timeouts=pulumi.CustomTimeouts(create=create, update=update)))
+        timeouts = pulumi.CustomTimeouts(create=create, update=update)
+        self.groups: list[pulumi.CustomResource] = []
+        if is_multi_node(plain):
+            # Per replica a ComputeDomain, then the LeaderWorkerSet whose pods claim it.
+            for i in range(plain.replicas):
+                domain = apply_built(
+                    f"{name}-domain-{i}", inputs,
+                    lambda c, i=i: group.compute_domain(receipt, c, names, instance, engine_pins, i),
+                    child_options(self, opts))
+                self.groups.append(apply_built(
+                    f"{name}-group-{i}", inputs,
+                    lambda c, i=i: group.leader_worker_set(receipt, c, image, parts(c), names,
+                                                           instance, engine_pins, i),
+                    child_options(self, opts, *depends_on, domain, custom_timeouts=timeouts)))
+            self.statefulset = self.groups[-1]
+        else:
+            self.statefulset = apply_built(
+                f"{name}-statefulset", inputs,
+                lambda c: m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins),
+                child_options(self, opts, *depends_on, custom_timeouts=timeouts))
+        # What dependents (benchmark, accuracy) wait for: every replica's workload.
+        self.workloads = self.groups or [self.statefulset]
         if plain.cold_start.prepull:
             # Not behind the weights Job: the pull runs while the weights download.
             apply_built(f"{name}-prepull", inputs,

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from k3infra import checkov_skips, naming, placement
+from k3infra import checkov_skips, naming, placement, topology
 from k3infra.serving import proxy, start
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
@@ -40,6 +40,9 @@ SHUTDOWN_SECONDS = 30
 class ServingNames:
     base: str
     namespace: str
+    # True for a multi-node stack: the serving pods are LeaderWorkerSet groups
+    # (k3infra/serving/group.py), `<base>-r<replica>-0` and `<base>-r<replica>-0-<worker>`.
+    groups: bool = False
 
     @property
     def statefulset(self) -> str:
@@ -78,8 +81,19 @@ def selector_labels(instance: str) -> dict[str, str]:
 
 
 def is_measured(cfg: StackConfig) -> bool:
-    """Only the measured profile renders the receipt's configuration."""
-    return cfg.profile == "measured"
+    """Only the measured profile on one node renders the receipt's configuration."""
+    return cfg.profile == "measured" and not topology.is_multi_node(cfg)
+
+
+def not_measured_warning(receipt: Receipt, cfg: StackConfig) -> str:
+    """Why this render is not the receipt's configuration ('' when it is)."""
+    reasons = []
+    if cfg.profile != "measured":
+        reasons.append(f"profile {cfg.profile}: NOT the measured configuration of receipt "
+                       f"{receipt.id}")
+    if topology.is_multi_node(cfg):
+        reasons.append(topology.not_measured_text(receipt))
+    return "; ".join(reasons)
 
 
 def pin_annotations(receipt: Receipt, cfg: StackConfig,
@@ -94,8 +108,7 @@ def pin_annotations(receipt: Receipt, cfg: StackConfig,
             "k3infra.dev/tree-digest": receipt.model.tree_digest,
             "k3infra.dev/profile": cfg.profile,
             "k3infra.dev/measured-configuration": "true" if measured else "false",
-            **({} if measured else {"k3infra.dev/warning":
-                f"profile {cfg.profile}: NOT the measured configuration of receipt {receipt.id}"})}
+            **({} if measured else {"k3infra.dev/warning": not_measured_warning(receipt, cfg)})}
 
 
 def surface_arg_tokens(cfg: StackConfig) -> list[str]:
@@ -209,23 +222,29 @@ def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
 
 
 def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
-                   names: ServingNames, budget: StartupBudget) -> dict:
+                   names: ServingNames, budget: StartupBudget, *,
+                   extra_args: tuple[str, ...] = (), gpus: int | None = None,
+                   probes: bool = True, claims: tuple[str, ...] = ()) -> dict:
+    """The vLLM container. A multi-node group (k3infra/serving/group.py) adds its
+    `extra_args` after the receipt's and the surface's, its GPUs per pod, its DRA
+    `claims`, and a headless worker has no HTTP server to probe."""
     port = cfg.serving.engine_port
     s = cfg.serving
-    gpus = str(receipt.measured_gpu.gpus_per_node)
-    return {
+    gpus_text = str(gpus if gpus is not None else receipt.measured_gpu.gpus_per_node)
+    container: dict[str, Any] = {
         "name": "vllm",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         # The start script (phase markers, keyed compile cache), then the weights gate,
         # on every start of this container (restarts too), then `exec vllm serve`.
         "command": [*start.command(GATE_CHECK), "vllm", "serve"],
-        "args": serve_args(receipt, cfg, weights.model_dir),
+        "args": [*serve_args(receipt, cfg, weights.model_dir), *extra_args],
         "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env,
                 *start.env(image)],
         "resources": {
-            "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
-            "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus},
+            "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
+            "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
+            **({"claims": [{"name": c} for c in claims]} if claims else {}),
         },
         "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
         "readinessProbe": _probe(port, 10, 3),
@@ -237,6 +256,46 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
                          {"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
+    if not probes:
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            del container[probe]
+    return container
+
+
+def serving_pod_spec(cfg: StackConfig, weights: WeightsParts, names: ServingNames,
+                     containers: list[dict], affinity: dict, *, with_proxy: bool = True,
+                     resource_claims: tuple[dict, ...] = ()) -> dict:
+    """The serving pod (StatefulSet or a multi-node group's leader / worker)."""
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        **cfg.engine.pull_secret_refs(),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": cfg.serving.termination_grace_seconds,
+        "securityContext": pod_security_context(),
+        "affinity": affinity,
+        "tolerations": placement.tolerations(),
+        "containers": containers,
+        "volumes": [*weights.volumes,
+                    *(proxy.volumes(names.api_key_secret, PROXY_SECRET_VOLUME) if with_proxy else []),
+                    # NCCL and the 8 TP workers exchange through /dev/shm: memory-backed.
+                    {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                  "sizeLimit": f"{cfg.serving.shm_size_gi}Gi"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}],
+    }
+    if resource_claims:
+        spec["resourceClaims"] = list(resource_claims)
+    return spec
+
+
+def cache_claim_template(cfg: StackConfig) -> dict:
+    """The compile cache's per-pod claim (survives pod restarts)."""
+    claim: dict[str, Any] = {
+        "metadata": {"name": "cache"},
+        "spec": {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": f"{cfg.serving.cache_size_gi}Gi"}}}}
+    if cfg.serving.cache_storage_class:
+        claim["spec"]["storageClassName"] = cfg.serving.cache_storage_class
+    return claim
 
 
 def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
@@ -244,32 +303,14 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
     """One pod = one 8-GPU node = one replica."""
     budget = startup_budget_seconds(receipt, cfg)
     sel = selector_labels(instance)
-    pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        **cfg.engine.pull_secret_refs(),
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": cfg.serving.termination_grace_seconds,
-        "securityContext": pod_security_context(),
-        "affinity": {
-            "nodeAffinity": placement.node_affinity(
-                [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
-            "podAntiAffinity": placement.one_replica_per_node(sel)},
-        "tolerations": placement.tolerations(),
-        "containers": [vllm_container(receipt, cfg, image, weights, names, budget),
-                       proxy.container(cfg, PROXY_SECRET_VOLUME)],
-        "volumes": [*weights.volumes,
-                    *proxy.volumes(names.api_key_secret, PROXY_SECRET_VOLUME),
-                    # NCCL and the 8 TP workers exchange through /dev/shm: memory-backed.
-                    {"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                  "sizeLimit": f"{cfg.serving.shm_size_gi}Gi"}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}],
-    }
-    cache_claim: dict[str, Any] = {
-        "metadata": {"name": "cache"},
-        "spec": {"accessModes": ["ReadWriteOnce"],
-                 "resources": {"requests": {"storage": f"{cfg.serving.cache_size_gi}Gi"}}}}
-    if cfg.serving.cache_storage_class:
-        cache_claim["spec"]["storageClassName"] = cfg.serving.cache_storage_class
+    pod_spec = serving_pod_spec(
+        cfg, weights, names,
+        [vllm_container(receipt, cfg, image, weights, names, budget),
+         proxy.container(cfg, PROXY_SECRET_VOLUME)],
+        {"nodeAffinity": placement.node_affinity(
+            [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
+         "podAntiAffinity": placement.one_replica_per_node(sel)})
+    cache_claim = cache_claim_template(cfg)
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": names.statefulset, "namespace": names.namespace,
@@ -313,10 +354,20 @@ def hf_token_secret(names: ServingNames, instance: str, value: Any) -> dict:
             "stringData": {"token": value}}
 
 
+def api_selector(cfg: StackConfig, instance: str) -> dict[str, str]:
+    """The pods that answer the API: every serving pod, or in a multi-node group only the
+    leader (worker-index 0, set by the LeaderWorkerSet controller); the headless worker
+    runs no API server."""
+    sel = selector_labels(instance)
+    if topology.is_multi_node(cfg):
+        sel[topology.LWS_WORKER_INDEX_LABEL] = "0"
+    return sel
+
+
 def services(cfg: StackConfig, names: ServingNames, instance: str) -> list[dict]:
     """The API port only (the metrics port has its own Service, k3infra/operations)."""
     port = {"name": "http", "port": cfg.serving.port, "targetPort": "http", "protocol": "TCP"}
-    sel = selector_labels(instance)
+    sel = api_selector(cfg, instance)
     return [
         {"apiVersion": "v1", "kind": "Service",
          "metadata": {"name": names.headless, "namespace": names.namespace,

@@ -127,8 +127,11 @@ class StartupBudget:
 
 
 def startup_budget(receipt: Receipt, serving: ServingConfig, cold: ColdStartConfig,
-                   gate_mode: str) -> StartupBudget:
-    """The budgets from the sections a policy can read on its own (no StackConfig)."""
+                   gate_mode: str, pods: int = 1) -> StartupBudget:
+    """The budgets from the sections a policy can read on its own (no StackConfig).
+    `pods`: the pods of one replica (a multi-node group, k3:topology). Each pod's gate
+    reads the whole tree, all at once from the shared volume, so the gate phase takes
+    `pods` times as long at storageReadGBps; each pod loads its ranks' share."""
     weight_bytes = receipt.model.size_bytes
     gb = weight_bytes / 1e9
     tail = cold.tail_factor
@@ -147,8 +150,9 @@ def startup_budget(receipt: Receipt, serving: ServingConfig, cold: ColdStartConf
     estimates = (
         ("pull", cold.image_gb / cold.image_pull_gbps,
          f"{cold.image_gb:g} GB image / imagePullGBps {cold.image_pull_gbps:g}"),
-        ("gate", gb / serving.storage_read_gbps,
-         f"{gb:.1f} GB / storageReadGBps {serving.storage_read_gbps:g}"),
+        ("gate", pods * gb / serving.storage_read_gbps,
+         (f"{pods} pods x " if pods > 1 else "")
+         + f"{gb:.1f} GB / storageReadGBps {serving.storage_read_gbps:g}"),
         ("load", gb / load_rate, f"{gb:.1f} GB / {load_how}"),
         ("compile", float(compile_s),
          f"compile{'Warm' if seeded else 'Cold'}Seconds {compile_s} (compileCache "
@@ -160,6 +164,12 @@ def startup_budget(receipt: Receipt, serving: ServingConfig, cold: ColdStartConf
     return StartupBudget(phases, tail, warm, cold.compile_cache)
 
 
+def replica_pods(cfg: StackConfig) -> int:
+    """The pods of one replica under the stack's topology (k3:topology)."""
+    return cfg.multi_node.nodes_per_replica if cfg.topology == "multi-node" else 1
+
+
 def startup_budget_seconds(receipt: Receipt, cfg: StackConfig) -> StartupBudget:
     """The stack's budgets (every builder, the summary and the alerts use this)."""
-    return startup_budget(receipt, cfg.serving, cfg.cold_start, cfg.weights.gate_mode)
+    return startup_budget(receipt, cfg.serving, cfg.cold_start, cfg.weights.gate_mode,
+                          replica_pods(cfg))

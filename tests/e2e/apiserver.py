@@ -107,15 +107,25 @@ class Cluster:
     def install_prometheus_crds(self, timeout: float = 60.0) -> list[str]:
         """Create the pinned Prometheus Operator CRDs (bin_dir/crds/) and wait until the
         server serves them. Cluster-wide: a session installs them once."""
+        return self.install_crds(sorted((self.bin_dir / "crds").glob("*.yaml")), timeout)
+
+    def install_crds(self, paths: list[Path], timeout: float = 60.0) -> list[str]:
+        """Create these CRD files (those not there yet) and wait until the server serves
+        them; their names."""
         import yaml
         from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
         names = []
         with self.api_client() as api_client:
             ext = client.ApiextensionsV1Api(api_client)
-            for path in sorted((self.bin_dir / "crds").glob("*.yaml")):
-                crd = yaml.safe_load(path.read_text())
-                ext.create_custom_resource_definition(crd)
+            for path in paths:
+                crd = yaml.safe_load(Path(path).read_text())
+                try:
+                    ext.create_custom_resource_definition(crd)
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
                 names.append(crd["metadata"]["name"])
             deadline = time.monotonic() + timeout
             for name in names:
