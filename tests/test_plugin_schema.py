@@ -153,10 +153,11 @@ def test_outputs_are_the_components_with_descriptions(schema):
 
     outputs = component(schema)["properties"]
     names = list(K3ServingStack.__annotations__)
-    assert len(outputs) == len(names) == 13
+    assert len(outputs) == len(names) == 14
     assert set(outputs) == {"endpoint", "servedModelName", "receiptId", "engineCommit",
                             "engineVersion", "wheelSha256", "imageDigest", "engineProfile",
-                            "weightsRevision", "treeDigest", "image", "profile", "licenseName"}
+                            "weightsRevision", "treeDigest", "image", "profile", "licenseName",
+                            "topology"}
     assert all(p.get("description") for p in outputs.values())
     assert sorted(component(schema)["required"]) == sorted(
         set(outputs) - {"engineCommit", "engineVersion", "wheelSha256"})

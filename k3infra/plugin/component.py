@@ -50,6 +50,9 @@ class K3ServingStack(stack.K3ServingStack):
     """`k3:profile`: measured, upstream or custom."""
     license_name: pulumi.Output[str]
     """The model licence acknowledged by `k3:acceptModelLicense`."""
+    topology: pulumi.Output[str]
+    """`k3:topology`: single-node (the measured configuration) or multi-node (one replica
+    across two 4-GPU trays of an NVL72 rack: not the measured configuration)."""
 
     def __init__(self, name: str, args: K3ServingStackArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
