@@ -98,6 +98,22 @@ def test_cli_render_refuses_bad_config(tmp_path, capsys, override, needle):
     assert not (tmp_path / "plan.json").exists()
 
 
+def test_render_defaults_to_the_existing_stack_into_build_render(monkeypatch, tmp_path):
+    """`k3infra render` alone is `make render`: the existing stack into build/render/existing."""
+    import k3infra.render as render_module
+
+    monkeypatch.setattr(render_module, "project_root", lambda: tmp_path)
+    seen = {}
+
+    def stop(stack, overrides, root):
+        seen["stack"] = stack
+        raise FileNotFoundError("stopped before rendering")
+
+    monkeypatch.setattr(render_module, "render_stack", stop)
+    assert main(["render"]) == 2
+    assert seen == {"stack": "existing"}
+
+
 def test_unknown_stack(tmp_path, capsys):
     assert main(["render", "--stack", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -1,15 +1,21 @@
-"""`k3infra render --stack NAME [--config KEY=VALUE ...] --out DIR`."""
+"""`k3infra render [--stack NAME] [--config KEY=VALUE ...] [--out DIR]`: by default the
+`existing` stack (bring-your-own cluster) into build/render/<stack>/, as `make render`."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 
+DEFAULT_STACK = "existing"
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stack", required=True, help="stacks/Pulumi.<stack>.yaml")
+    parser.add_argument("--stack", default=DEFAULT_STACK,
+                        help=f"stacks/Pulumi.<stack>.yaml (default: {DEFAULT_STACK})")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="override a k3:* key (dotted paths for objects); repeatable")
-    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--out", type=Path,
+                        help="output directory (default: build/render/<stack>)")
     parser.set_defaults(func=_render)
 
 
@@ -29,6 +35,7 @@ def _render(args: argparse.Namespace) -> int:
     console = Console()
     try:
         root = project_root()
+        args.out = args.out or root / "build" / "render" / args.stack
         render = render_stack(args.stack, args.config, root)
     except (ConfigError, HbmError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
