@@ -44,6 +44,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchlib import single_core_sha256
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))     # the loopback Hub lives with the tests
@@ -61,17 +63,6 @@ REPO = "moonshotai/Kimi-K3"
 REVISION = "a" * 40
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 WORKERS = 2
-
-
-def single_core_sha256(seconds: float = 2.0) -> float:
-    buf = os.urandom(64 * MIB)
-    h = hashlib.sha256()
-    n = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        h.update(buf)
-        n += len(buf)
-    return n / (time.perf_counter() - start) / 1e9
 
 
 def make_files(total_mib: int, shards: int) -> dict[str, bytes]:

@@ -24,7 +24,6 @@ round are printed; the files are removed at the end.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import statistics
@@ -33,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import single_core_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,15 +47,6 @@ REPO, REV = "moonshotai/Kimi-K3", "0" * 40
 def loadavg() -> str:
     with open("/proc/loadavg") as fh:
         return " ".join(fh.read().split()[:3])
-
-
-def single_core_sha256(seconds: float = 2.0) -> float:
-    buf = os.urandom(64 * MIB)
-    h, n, start = hashlib.sha256(), 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        h.update(buf)
-        n += len(buf)
-    return n / (time.perf_counter() - start) / 1e9
 
 
 def generate(root: Path, files: int, file_bytes: int) -> list[Path]:

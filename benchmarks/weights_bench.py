@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchlib import single_core_sha256
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))     # the loopback Hub lives with the tests
@@ -57,17 +59,6 @@ PY = sys.executable
 K3INFRA = [PY, "-c", "import sys; from k3infra.cli import main; sys.exit(main(sys.argv[1:]))"]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def single_core_sha256(seconds: float = 2.0) -> float:
-    buf = os.urandom(64 * MIB)
-    h = hashlib.sha256()
-    n = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        h.update(buf)
-        n += len(buf)
-    return n / (time.perf_counter() - start) / 1e9
 
 
 def generate(root: Path, shards: int, shard_bytes: int) -> list[Path]:

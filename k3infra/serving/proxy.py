@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from k3infra import nginx
 from k3infra.config import API_KEY_RE, SECRET_PLACEHOLDER, StackConfig
 
 CONTAINER = "proxy"
@@ -98,22 +99,8 @@ def nginx_conf(cfg: StackConfig, keys_file: str = f"{CONF_DIR}/{KEYS_KEY}",
     s = cfg.serving
     upstream = "vllm"
     api = "".join(_authorized_location(r, upstream) for r in ALLOWED_ROUTES)
-    return f"""# k3infra authenticating proxy (rendered by k3infra.serving.proxy).
-worker_processes 4;
-pid {tmp_dir}/nginx.pid;
-error_log stderr notice;
-events {{ worker_connections 4096; }}
-http {{
-    server_tokens off;
-    # No Authorization header, no query string, no body in the log.
-    log_format k3 '$remote_addr "$request_method $uri" $status $body_bytes_sent $request_time';
-    access_log /dev/stdout k3;
-    client_body_temp_path {tmp_dir}/client_body;
-    proxy_temp_path {tmp_dir}/proxy;
-    fastcgi_temp_path {tmp_dir}/fastcgi;
-    uwsgi_temp_path {tmp_dir}/uwsgi;
-    scgi_temp_path {tmp_dir}/scgi;
-    client_max_body_size {MAX_BODY};
+    return nginx.preamble("k3infra authenticating proxy (rendered by k3infra.serving.proxy).",
+                          tmp_dir, 4096) + f"""    client_max_body_size {MAX_BODY};
     map $http_authorization $k3_authorized {{
         default 0;
         include {keys_file};

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Optional
 
-from k3infra import checkov_skips
+from k3infra import checkov_skips, nginx
 from k3infra.config import StackConfig
 from k3infra.naming import SOURCE_COMPONENT
 from k3infra.podsecurity import container_security_context
@@ -72,21 +72,8 @@ def nginx_conf(lay: w.WeightsLayout, weights_root: str = w.WEIGHTS_ROOT,
     resolve = f"/{lay.repo}/resolve/{lay.revision}/"
     tree_dir = lay.tree.replace(w.WEIGHTS_ROOT, weights_root, 1)
     lock_file = lay.lock.replace(w.WEIGHTS_ROOT, weights_root, 1)
-    return f"""# k3infra in-cluster weights source (rendered by k3infra.weights.source_server).
-worker_processes 4;
-pid {tmp_dir}/nginx.pid;
-error_log stderr notice;
-events {{ worker_connections 1024; }}
-http {{
-    server_tokens off;
-    log_format k3 '$remote_addr "$request_method $uri" $status $body_bytes_sent $request_time';
-    access_log /dev/stdout k3;
-    client_body_temp_path {tmp_dir}/client_body;
-    proxy_temp_path {tmp_dir}/proxy;
-    fastcgi_temp_path {tmp_dir}/fastcgi;
-    uwsgi_temp_path {tmp_dir}/uwsgi;
-    scgi_temp_path {tmp_dir}/scgi;
-    # Large files straight from the page cache to the socket, in 8 MiB turns so one
+    return nginx.preamble("k3infra in-cluster weights source (rendered by "
+                          "k3infra.weights.source_server).", tmp_dir, 1024) + f"""    # Large files straight from the page cache to the socket, in 8 MiB turns so one
     # client cannot hold a worker.
     sendfile on;
     sendfile_max_chunk 8m;
