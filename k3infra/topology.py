@@ -184,7 +184,8 @@ def domain_fit(receipt: "Receipt", gpu_product: str,
             "k3:gpuMemoryGib", None,
             f"k3:gpuProduct = {gpu_product!r}: the receipt does not know its per-GPU memory; "
             "set k3:gpuMemoryGib to it as CUDA reports it (GB300: 288 GB HBM3e per GPU; the "
-            "B300's 288 GB report 267.69 GiB)")
+            f"measured {receipt.hardware.gpu_product_label}'s report "
+            f"{receipt.hardware.gpu_memory_bytes / 2**30:.2f} GiB)")
     # A measured free figure (B200) binds unless the stack states its own memory.
     free = spec.free_gib if (spec is not None and gpu_memory_gib is None) else None
     usable = free if free is not None else memory
