@@ -55,10 +55,41 @@ from k3infra.weights import tree, verify  # noqa: E402
 
 MIB = 1 << 20
 PY = sys.executable
-# The k3infra console script's code path (k3infra.cli.main), run from this checkout.
-K3INFRA = [PY, "-c", "import sys; from k3infra.cli import main; sys.exit(main(sys.argv[1:]))"]
-CHILD_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+# The `k3infra` console script of an installed package: set by install().
+K3INFRA: list[str] = []
+VENV_PY = PY
+CHILD_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+# What pip writes for a [project.scripts] entry point (pip's vendored distlib template).
+CONSOLE_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from k3infra.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def install(venv: Path) -> list[str]:
+    """k3infra as a user's `pip install` leaves it, timed as they run it: a fresh venv
+    (no dev .pth hooks such as the editable finder, which costs ~10 ms per start), the
+    package in its site-packages with bytecode compiled (pip compiles at install; this
+    checkout runs with PYTHONDONTWRITEBYTECODE=1 and would time the compiler) and the
+    console script pip writes. The verify command needs only the standard library."""
+    global VENV_PY
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
+    VENV_PY = str(venv / "bin" / "python")
+    site = Path(subprocess.run([VENV_PY, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    shutil.copytree(ROOT / "k3infra", site / "k3infra", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([VENV_PY, "-m", "compileall", "-q", str(site / "k3infra")], check=True,
+                   stdout=subprocess.DEVNULL)
+    script = venv / "bin" / "k3infra"
+    script.write_text(CONSOLE_SCRIPT.format(python=VENV_PY))
+    script.chmod(0o755)
+    return [str(script)]
 
 
 def generate(root: Path, shards: int, shard_bytes: int) -> list[Path]:
@@ -183,6 +214,8 @@ def main() -> int:
     ap.add_argument("--dir", help="parent of the temporary tree (default: the system temp dir)")
     ap.add_argument("--skip-prefetch", action="store_true")
     args = ap.parse_args()
+    if args.prefetch_rounds < 1:
+        args.skip_prefetch = True
 
     cores = os.cpu_count() or 1
     workers = tree.default_workers()
@@ -200,15 +233,7 @@ def main() -> int:
         lock = verify.lock_from_dir(str(src), "bench/k3", "b" * 40, workers=workers)
         lock_file = tmp / "lock.json"
         lock_file.write_text(tree.lock_to_json(lock))
-        # An installed k3infra has its bytecode compiled (pip does it at install); a checkout
-        # run with PYTHONDONTWRITEBYTECODE=1 would compile every module on every start and
-        # time the compiler. So the children import a copy of the package, compiled once.
-        site = tmp / "site"
-        shutil.copytree(ROOT / "k3infra", site / "k3infra",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        subprocess.run([PY, "-m", "compileall", "-q", str(site / "k3infra")], check=True,
-                       stdout=subprocess.DEVNULL)
-        CHILD_ENV["PYTHONPATH"] = str(site)
+        K3INFRA[:] = install(tmp / "venv")
         # Written back now, not by the kernel's 30 s timer in the middle of a timed run.
         os.sync()
         print(f"\n    generated {len(paths)} files, {total / 2**30:.2f} GiB ({total / 1e9:.2f} GB) in "
@@ -295,8 +320,8 @@ def verify_sections(args, src, paths, lock, lock_file, total, cores, workers) ->
     outside = [c - i for c, i in zip(cmd, cmd_inside)]
     row("  of which outside verify_tree (start, imports, exit)", spread(outside, "{:.3f}") + " s",
         f"verify_tree itself: {spread(cmd_inside)} s")
-    start_only = [run([PY, "-c", "pass"])[0].wall for _ in range(10)]
-    imports = [run([PY, "-c", "import k3infra.cli.weights, k3infra.weights.verify"], cwd=src.parent,
+    start_only = [run([VENV_PY, "-c", "pass"])[0].wall for _ in range(10)]
+    imports = [run([VENV_PY, "-c", "import k3infra.cli.weights, k3infra.weights.verify"], cwd=src.parent,
                    env=CHILD_ENV)[0].wall for _ in range(10)]
     row("  baseline: bare `python -c pass`, median of 10", f"{statistics.median(start_only) * 1000:.0f} ms")
     row("  baseline: python + the verify command's imports, median of 10",

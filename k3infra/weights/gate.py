@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from . import tree, verify
 from .tree import Lock
@@ -117,8 +117,8 @@ def drop_record(state_dir: str) -> None:
 # ---- the gate ------------------------------------------------------------------------
 
 def run_gate(root: str, lock_path: str, *, expect_digest: str, repo: str, revision: str,
-             mode: str = "warm", state_dir: Optional[str] = None, workers: Optional[int] = None,
-             emit: Optional[Emit] = print, require_marker: bool = False) -> verify.Report:
+             mode: str = "warm", state_dir: str | None = None, workers: int | None = None,
+             emit: Emit | None = print, require_marker: bool = False) -> verify.Report:
     """Verify `root` against the pinned lock; GateRefused for a lock that is not the
     pinned one, else the verifier's report (ok or every offending path).
     `require_marker` (the in-cluster source's start check): also refuse, before reading

@@ -45,8 +45,8 @@ import mmap
 import os
 import re
 import stat
-from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from collections import namedtuple
+from collections.abc import Iterable
 
 try:                       # in a pod: shipped beside this file (k3weights/podcommon.py)
     from .podcommon import atomic_write, fsync_dir  # noqa: F401  (re-exported)
@@ -64,39 +64,37 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TMP = re.compile(r"^(%s|%s)\.[0-9]+\.[0-9a-f]+\.tmp$" % (re.escape(MARKER_NAME), re.escape(STATE_NAME)))
 _LOCK_KEYS = ("algorithm", "repo", "revision", "tree_digest", "total_bytes", "files")
-# The read path (hash_file): files are mapped in windows of MAP_WINDOW bytes, filled by
-# the kernel in one call (MAP_POPULATE) and hashed straight from the page cache, with the
-# next window's read-ahead started first (posix_fadvise WILLNEED) so a cold disk read
-# overlaps the hashing. Where a file cannot be mapped, it is read into a READ_SIZE buffer
-# (1 MiB: it stays in the core's L2 between the copy and the hash). Either way hashlib
-# drops the GIL for the whole buffer, so threads hash files in parallel.
-MAP_WINDOW = 32 << 20
+# The read path (hash_file): files are mapped in windows of MAP_WINDOW bytes and hashed
+# straight from the page cache. The window is not pre-filled (no MAP_POPULATE): the page
+# faults map the page cache's large folios a folio at a time, while MAP_POPULATE walks it
+# page by page (on kernel 6.18 / ext4 that cost 2-3x the system time and ~5 % of the
+# whole verify; benchmarks/weights_bench.py). MADV_SEQUENTIAL and a POSIX_FADV_WILLNEED
+# on the next window keep a cold disk read ahead of the hashing. Where a file cannot be
+# mapped, it is read into a READ_SIZE buffer (1 MiB: it stays in the core's L2 between
+# the copy and the hash). Either way hashlib drops the GIL for the whole buffer, so
+# threads hash files in parallel.
+MAP_WINDOW = 64 << 20
 READ_SIZE = 1 << 20
+_MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", None)
 
 
 class LockError(ValueError):
     """A lock file (or a value for one) that does not follow the format."""
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
-    sha256: str
+# Value types are named tuples and small classes, not dataclasses: `dataclasses` imports
+# `inspect` (~10 ms), paid by every `k3infra weights verify` and every serving pod's gate.
+FileEntry = namedtuple("FileEntry", "path size sha256")
 
 
-@dataclass(frozen=True)
-class Lock:
-    repo: str
-    revision: str
-    files: tuple[FileEntry, ...]
-    tree_digest: str
-    total_bytes: int
-    algorithm: str = ALGORITHM
-    by_path: dict = field(default_factory=dict, compare=False, repr=False)
+class Lock(namedtuple("Lock", "repo revision files tree_digest total_bytes algorithm",
+                      defaults=(ALGORITHM,))):
+    """A parsed lock: `files` is a tuple of FileEntry; `by_path` indexes them by path."""
 
-    def __post_init__(self) -> None:
-        self.by_path.update({f.path: f for f in self.files})
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
+        self.by_path = {f.path: f for f in self.files}
+        return self
 
 
 def check_path(path: str) -> str:
@@ -250,22 +248,20 @@ def atomic_write_json(path: str, obj: object) -> None:
     atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
-@dataclass
-class Problem:
-    path: str
-    message: str
+class Problem(namedtuple("Problem", "path message")):
+    __slots__ = ()
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
 
 
-@dataclass
 class Scan:
     """What is on disk under a tree: regular files (lstat) and what may not be there."""
 
-    files: dict = field(default_factory=dict)        # relative path -> os.stat_result
-    problems: list = field(default_factory=list)     # [Problem]
-    problem_paths: set = field(default_factory=set)
+    def __init__(self) -> None:
+        self.files: dict = {}            # relative path -> os.stat_result
+        self.problems: list = []         # [Problem]
+        self.problem_paths: set = set()
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -317,12 +313,8 @@ def scan_tree(root: str) -> Scan:
     return scan
 
 
-@dataclass(frozen=True)
-class FileHash:
-    sha256: str
-    size: int          # bytes actually read
-    before: os.stat_result
-    after: os.stat_result
+# size: the bytes actually read; before/after: fstat around the read.
+FileHash = namedtuple("FileHash", "sha256 size before after")
 
 
 def stamp_of(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -332,7 +324,7 @@ def stamp_of(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-def hash_file(path: str, buf: Optional[bytearray] = None) -> FileHash:
+def hash_file(path: str, buf: bytearray | None = None) -> FileHash:
     """SHA-256 of a regular file: the weights runtime's one read path (the verifier, the
     prefetch and the serving gate read through it). Opens with O_NOFOLLOW (a symlink is
     refused), stamps the file before and after, and reads every byte through the page
@@ -371,25 +363,26 @@ def _advise(fd: int, offset: int, length: int, advice: str) -> None:
             pass        # advice only: some filesystems refuse it
 
 
-def _hash_mapped(fd: int, size: int, h, buf: bytearray) -> Optional[int]:
+def _hash_mapped(fd: int, size: int, h, buf: bytearray) -> int | None:
     """Hash `size` bytes of `fd` from the page cache through mmap windows; None when the
     file cannot be mapped (then nothing was hashed)."""
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    if size <= 0 or not populate:
+    if size <= 0:
         return None
     offset = 0
+    _advise(fd, 0, min(MAP_WINDOW, size), "POSIX_FADV_WILLNEED")
     while offset < size:
         length = min(MAP_WINDOW, size - offset)
         if offset + length < size:      # the disk reads the next window while this one hashes
             _advise(fd, offset + length, min(MAP_WINDOW, size - offset - length), "POSIX_FADV_WILLNEED")
         try:
-            window = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ,
-                               offset=offset)
+            window = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=offset)
         except (OSError, ValueError):
             if offset == 0:
                 return None
             raise
         try:
+            if _MADV_SEQUENTIAL is not None:
+                window.madvise(_MADV_SEQUENTIAL)
             with memoryview(window) as view:
                 h.update(view)
         finally:
@@ -430,7 +423,7 @@ def default_workers() -> int:
     return max(1, cpus)
 
 
-def revision_from_hf_metadata(root: str) -> Optional[str]:
+def revision_from_hf_metadata(root: str) -> str | None:
     """The commit a `hf download --local-dir` tree was fetched at, from huggingface_hub's
     `.cache/huggingface/download/*.metadata` (first line: commit). None when absent or
     when the files disagree."""

@@ -12,14 +12,12 @@ k3weights.gate) and only those let a file skip its re-hash.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 from . import tree
 from .tree import FileEntry, Lock, Problem
@@ -37,7 +35,7 @@ def _gb(n: float) -> str:
 class Progress:
     """Plain-text progress lines at most every `interval` seconds (pod logs, no TTY)."""
 
-    def __init__(self, label: str, total_files: int, total_bytes: int, emit: Optional[Emit],
+    def __init__(self, label: str, total_files: int, total_bytes: int, emit: Emit | None,
                  interval: float = PROGRESS_SECONDS):
         self.label, self.total_files, self.total_bytes = label, total_files, total_bytes
         self.emit, self.interval = emit, interval
@@ -77,7 +75,7 @@ class Hasher:
     """A pool of hashing threads, each with its own read buffer; counts the CPU time its
     threads spend (benchmarks and the prefetch report show what hashing cost)."""
 
-    def __init__(self, workers: Optional[int] = None, *, background: bool = False):
+    def __init__(self, workers: int | None = None, *, background: bool = False):
         from concurrent.futures import ThreadPoolExecutor
 
         self.workers = max(1, workers or tree.default_workers())
@@ -111,17 +109,58 @@ class Hasher:
         self.pool.shutdown(wait=True)
 
 
-@dataclass
+def hash_files(paths: list, workers: int | None, done: Callable) -> None:
+    """Hash `paths` (taken in this order) on `workers` threads and call `done(index,
+    FileHash or OSError)` for each, one call at a time. The verifier and the lock builder
+    know their whole list up front, so plain threads do; the prefetch, which submits files
+    as they land and waits on downloads and hashes together, uses Hasher's futures.
+    (concurrent.futures imports logging: ~13 ms on every verify and every pod's gate.)"""
+    todo = iter(enumerate(paths))
+    lock = threading.Lock()
+    failure: list = []
+
+    def work() -> None:
+        buf = bytearray(tree.READ_SIZE)
+        while True:
+            with lock:
+                item = None if failure else next(todo, None)
+            if item is None:
+                return
+            index, path = item
+            try:
+                try:
+                    result = tree.hash_file(path, buf)
+                except OSError as exc:
+                    result = exc
+                with lock:
+                    done(index, result)
+            except BaseException as exc:        # a bug or an interrupt: stop, re-raise below
+                with lock:
+                    failure.append(exc)
+                return
+
+    threads = [threading.Thread(target=work, name=f"k3-hash-{n}", daemon=True)
+               for n in range(min(max(1, workers or tree.default_workers()), len(paths)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failure:
+        raise failure[0]
+
+
 class Report:
-    root: str
-    problems: list = field(default_factory=list)    # [Problem]
-    files: int = 0
-    bytes: int = 0
-    hashed_files: int = 0
-    hashed_bytes: int = 0
-    stamped_files: int = 0
-    seconds: float = 0.0
-    good: dict = field(default_factory=dict)        # path -> stamp of files that match
+    """What a verify found (a plain class: see tree.py on dataclasses)."""
+
+    def __init__(self, root: str, files: int = 0, bytes: int = 0) -> None:
+        self.root, self.files, self.bytes = root, files, bytes
+        self.problems: list = []        # [Problem]
+        self.hashed_files = self.hashed_bytes = self.stamped_files = 0
+        self.seconds = 0.0
+        self.good: dict = {}            # path -> stamp of files that match
+
+    def __repr__(self) -> str:
+        return f"Report({self.summary()!r}, problems={self.problems!r})"
 
     @property
     def ok(self) -> bool:
@@ -144,7 +183,7 @@ def marker_path(root: str) -> str:
     return os.path.join(root, tree.MARKER_NAME)
 
 
-def read_marker(root: str) -> Optional[dict]:
+def read_marker(root: str) -> dict | None:
     try:
         with open(marker_path(root), "rb") as fh:
             data = json.loads(fh.read())
@@ -153,7 +192,7 @@ def read_marker(root: str) -> Optional[dict]:
         return None
 
 
-def marker_problem(root: str, lock: Lock) -> Optional[str]:
+def marker_problem(root: str, lock: Lock) -> str | None:
     """None when the marker names this lock's tree digest, repo and revision."""
     data = read_marker(root)
     if data is None:
@@ -167,6 +206,8 @@ def marker_problem(root: str, lock: Lock) -> Optional[str]:
 
 
 def write_marker(root: str, lock: Lock, lock_sha256: str) -> dict:
+    import datetime     # here, not at import: the verify and gate paths never write a marker
+
     data = {"format": MARKER_FORMAT, "algorithm": tree.ALGORITHM, "tree_digest": lock.tree_digest,
             "lock_sha256": lock_sha256, "repo": lock.repo, "revision": lock.revision,
             "files": len(lock.files), "bytes": lock.total_bytes,
@@ -185,7 +226,7 @@ def remove_marker(root: str) -> None:
 
 # ---- the verifier --------------------------------------------------------------------
 
-def size_problem(entry: FileEntry, size: int) -> Optional[str]:
+def size_problem(entry: FileEntry, size: int) -> str | None:
     if size < entry.size:
         return f"truncated: {size} of {entry.size} bytes"
     if size > entry.size:
@@ -193,7 +234,7 @@ def size_problem(entry: FileEntry, size: int) -> Optional[str]:
     return None
 
 
-def check_hash(entry: FileEntry, result: "tree.FileHash") -> Optional[str]:
+def check_hash(entry: FileEntry, result: "tree.FileHash") -> str | None:
     """None when the hashed file is the locked one and did not change while read."""
     if tree.stamp_of(result.before) != tree.stamp_of(result.after):
         return "changed while being verified"
@@ -211,8 +252,8 @@ def stamp_valid(state: dict, entry: FileEntry, st: os.stat_result) -> bool:
         tuple(recorded[:4]) == tree.stamp_of(st)
 
 
-def verify_tree(root: str, lock: Lock, *, stamps: Optional[dict] = None,
-                workers: Optional[int] = None, emit: Optional[Emit] = None,
+def verify_tree(root: str, lock: Lock, *, stamps: dict | None = None,
+                workers: int | None = None, emit: Emit | None = None,
                 interval: float = PROGRESS_SECONDS, full: bool = True) -> Report:
     """Check that `root` holds exactly the lock's files with the lock's contents: every
     file is read and hashed, except those whose current stamp matches `stamps` (path ->
@@ -252,35 +293,32 @@ def verify_tree(root: str, lock: Lock, *, stamps: Optional[dict] = None,
     return report
 
 
-def _hash_entries(root: str, entries: list[FileEntry], workers: Optional[int], emit: Optional[Emit],
+def _hash_entries(root: str, entries: list[FileEntry], workers: int | None, emit: Emit | None,
                   interval: float, report: Report) -> None:
     entries = sorted(entries, key=lambda e: -e.size)   # largest first: balanced tail
     progress = Progress("verify", len(entries), sum(e.size for e in entries), emit, interval)
-    hasher = Hasher(workers)
-    try:
-        futures = [(e, hasher.submit(os.path.join(root, e.path))) for e in entries]
-        for entry, fut in futures:
-            try:
-                result = fut.result()
-            except OSError as exc:
-                report.problems.append(Problem(entry.path, f"cannot read ({exc.strerror or exc})"))
-                continue
-            report.hashed_files += 1
-            report.hashed_bytes += result.size
-            progress.add(result.size)
-            problem = check_hash(entry, result)
-            if problem:
-                report.problems.append(Problem(entry.path, problem))
-            else:
-                report.good[entry.path] = tree.stamp_of(result.after) + (entry.sha256,)
-    finally:
-        hasher.close()
+
+    def done(index: int, result) -> None:
+        entry = entries[index]
+        if isinstance(result, OSError):
+            report.problems.append(Problem(entry.path, f"cannot read ({result.strerror or result})"))
+            return
+        report.hashed_files += 1
+        report.hashed_bytes += result.size
+        progress.add(result.size)
+        problem = check_hash(entry, result)
+        if problem:
+            report.problems.append(Problem(entry.path, problem))
+        else:
+            report.good[entry.path] = tree.stamp_of(result.after) + (entry.sha256,)
+
+    hash_files([os.path.join(root, e.path) for e in entries], workers, done)
 
 
 # ---- a lock from a local tree ---------------------------------------------------------
 
-def lock_from_dir(root: str, repo: str, revision: str, *, workers: Optional[int] = None,
-                  emit: Optional[Emit] = None, interval: float = PROGRESS_SECONDS) -> Lock:
+def lock_from_dir(root: str, repo: str, revision: str, *, workers: int | None = None,
+                  emit: Emit | None = None, interval: float = PROGRESS_SECONDS) -> Lock:
     """Hash every regular file under `root` (in parallel) into a lock. Refuses a tree
     holding symlinks or special files: the lock describes regular files only."""
     tree.check_repo(repo)
@@ -294,18 +332,18 @@ def lock_from_dir(root: str, repo: str, revision: str, *, workers: Optional[int]
         tree.check_path(rel)
     ordered = sorted(scan.files.items(), key=lambda kv: -kv[1].st_size)
     progress = Progress("lock", len(ordered), sum(st.st_size for _, st in ordered), emit, interval)
-    hasher = Hasher(workers)
-    entries = []
-    try:
-        futures = [(rel, hasher.submit(os.path.join(root, rel))) for rel, _ in ordered]
-        for rel, fut in futures:
-            result = fut.result()
-            if tree.stamp_of(result.before) != tree.stamp_of(result.after):
-                raise tree.LockError(f"{rel}: changed while being hashed")
-            progress.add(result.size)
-            entries.append(FileEntry(path=rel, size=result.size, sha256=result.sha256))
-    finally:
-        hasher.close()
+    entries: list = [None] * len(ordered)
+
+    def done(index: int, result) -> None:
+        rel = ordered[index][0]
+        if isinstance(result, OSError):
+            raise result
+        if tree.stamp_of(result.before) != tree.stamp_of(result.after):
+            raise tree.LockError(f"{rel}: changed while being hashed")
+        progress.add(result.size)
+        entries[index] = FileEntry(path=rel, size=result.size, sha256=result.sha256)
+
+    hash_files([os.path.join(root, rel) for rel, _ in ordered], workers, done)
     return tree.make_lock(repo, revision, entries)
 
 
