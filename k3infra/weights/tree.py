@@ -66,13 +66,13 @@ _TMP = re.compile(r"^(%s|%s)\.[0-9]+\.[0-9a-f]+\.tmp$" % (re.escape(MARKER_NAME)
 _LOCK_KEYS = ("algorithm", "repo", "revision", "tree_digest", "total_bytes", "files")
 # The read path (hash_file): files are mapped in windows of MAP_WINDOW bytes and hashed
 # straight from the page cache. The window is not pre-filled (no MAP_POPULATE): the page
-# faults map the page cache's large folios a folio at a time, while MAP_POPULATE walks it
-# page by page (on kernel 6.18 / ext4 that cost 2-3x the system time and ~5 % of the
-# whole verify; benchmarks/weights_bench.py). MADV_SEQUENTIAL and a POSIX_FADV_WILLNEED
-# on the next window keep a cold disk read ahead of the hashing. Where a file cannot be
-# mapped, it is read into a READ_SIZE buffer (1 MiB: it stays in the core's L2 between
-# the copy and the hash). Either way hashlib drops the GIL for the whole buffer, so
-# threads hash files in parallel.
+# faults map the page cache's large folios a folio at a time, while MAP_POPULATE walks
+# them page by page (on kernel 6.18 / ext4 that cost about twice the system time and
+# 3-5 % of the verify's wall time). MADV_SEQUENTIAL and a POSIX_FADV_WILLNEED on the next
+# window keep a cold disk read ahead of the hashing. Where a file cannot be mapped, it is
+# read into a READ_SIZE buffer (1 MiB: it stays in the core's L2 between the copy and
+# the hash). Either way hashlib drops the GIL for the whole buffer, so threads hash
+# files in parallel.
 MAP_WINDOW = 64 << 20
 READ_SIZE = 1 << 20
 _MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", None)
