@@ -10,11 +10,11 @@ a temporary directory (removed at the end), it prints:
 1. single-core hashlib SHA-256 speed and the machine limit (hashing threads x that);
 2. our full verify in-process (GB/s and fraction of the limit) vs `sha256sum` over the
    same files, one process and one per core (`xargs -P`);
-3. the whole `k3infra weights verify --full` command, process start included (its
-   bytecode compiled beforehand, as an installed package's is), and what
-   it spends outside hashing (start-up, imports, state write), next to a bare
-   interpreter start; then the re-verify of the same tree (since issue 21 no stamp on
-   the volume is trusted, so this re-hashes from the page cache);
+3. the whole `k3infra weights verify --full` command, process start included: the
+   `k3infra` console script of a copy installed in a fresh venv (see install()), and
+   what it spends outside hashing (start-up, imports, exit), next to a bare interpreter
+   start; then the re-verify of the same tree (since issue 21 no stamp on the volume is
+   trusted, so this re-hashes from the page cache);
 4. prefetch of the tree from the loopback Hub (tests/hub_loopback.py) through the real
    huggingface_hub client, overlapped verification vs verify-after-download, on
    unthrottled loopback and on a link paced at --link-gbps. Each run reports where the

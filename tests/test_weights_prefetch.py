@@ -354,21 +354,32 @@ def test_second_prefetch_on_the_same_tree_waits_for_the_first(hub, tmp_path):
     assert report.ok and any("waiting for it" in line for line in report.lines)
 
 
-def test_background_hasher_threads_run_under_sched_idle():
+def test_background_hasher_runs_in_sched_idle_processes(tmp_path):
+    """While downloads run, hashing takes only idle CPU, in its own processes: a SCHED_IDLE
+    thread would share the interpreter lock with the download threads."""
     idle = verify.Hasher(1, background=True)
     normal = verify.Hasher(1)
+    data = os.urandom(70_000)
+    (tmp_path / "f").write_bytes(data)
     try:
         assert idle.pool.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE
+        assert idle.pool.submit(os.getpid).result() != os.getpid()
         assert normal.pool.submit(os.sched_getscheduler, 0).result() == os.SCHED_OTHER
+        for hasher in (idle, normal):
+            result = hasher.submit(str(tmp_path / "f")).result()
+            assert (result.sha256, result.size) == (hashlib.sha256(data).hexdigest(), len(data))
+        with pytest.raises(OSError):
+            idle.submit(str(tmp_path / "absent")).result()
     finally:
         idle.close()
         normal.close()
+    assert idle.cpu_seconds > 0            # the workers' CPU, counted once they have exited
 
 
 def test_hashing_yields_to_downloads_and_uses_normal_threads_after(tmp_path, monkeypatch):
-    """A fetcher standing in for the Hub (no HTTP) and a slow hash: a file hashed while a
-    download runs is hashed by a SCHED_IDLE thread (it takes only CPU the downloads leave
-    idle); once the last download has landed, normal threads hash, all of them at once."""
+    """A fetcher standing in for the Hub (no HTTP): a file that lands while a download runs
+    goes to the background (SCHED_IDLE) hasher, at most `workers` hashes at once; once the
+    last download has landed, the normal threads hash."""
     import threading
 
     files = {f"model-{i:05d}.safetensors": os.urandom(4096 + i) for i in range(9)}
@@ -376,8 +387,8 @@ def test_hashing_yields_to_downloads_and_uses_normal_threads_after(tmp_path, mon
                                           for p, d in files.items()])
     dest = tmp_path / "dest"
     guard = threading.Lock()
-    state = {"downloading": 0, "hashing": 0}
-    seen: list[tuple[int, int, int]] = []       # (downloads running, hashes at once, policy)
+    state = {"downloading": 0}
+    seen: list[tuple[int, int, bool]] = []      # (downloads running, hashes at once, background)
 
     def fetcher(entry):
         with guard:
@@ -390,30 +401,27 @@ def test_hashing_yields_to_downloads_and_uses_normal_threads_after(tmp_path, mon
             with guard:
                 state["downloading"] -= 1
 
-    real = tree.hash_file
+    real_submit = verify.Hasher.submit
+    futures: list = []
 
-    def slow_hash(path, buf=None):
-        with guard:
-            state["hashing"] += 1
-            seen.append((state["downloading"], state["hashing"], os.sched_getscheduler(0)))
-        try:
-            time.sleep(0.15)
-            return real(path, buf)
-        finally:
-            with guard:
-                state["hashing"] -= 1
+    def submit(self, path):
+        with guard:     # hashes in flight as the prefetch sees them: futures not done yet
+            running = sum(1 for f in futures if not f.done()) + 1
+            seen.append((state["downloading"], running, self.background))
+        fut = real_submit(self, path)
+        futures.append(fut)
+        return fut
 
-    monkeypatch.setattr(tree, "hash_file", slow_hash)
+    monkeypatch.setattr(verify.Hasher, "submit", submit)
     monkeypatch.delenv(prefetch.FREE_BYTES_ENV, raising=False)
     report = prefetch.prefetch(lock, "0" * 64, str(dest), workers=4, download_workers=3,
                                fetcher=fetcher, emit=None)
     assert report.ok, report.problems
     assert all(h <= 4 for _, h, _ in seen), seen
-    overlapped = [p for d, _, p in seen if d > 0]
-    assert overlapped and set(overlapped) == {os.SCHED_IDLE}, seen     # hashing did overlap
-    assert os.SCHED_OTHER in {p for d, _, p in seen if d == 0}, seen    # normal threads after
-    assert max(h for d, h, _ in seen if d == 0) > 1, seen              # every thread at once
-    assert report.hash_cpu_seconds >= 0 and "hashing CPU" in report.summary()
+    overlapped = [bg for d, _, bg in seen if d > 0]
+    assert overlapped and set(overlapped) == {True}, seen          # hashing did overlap
+    assert False in {bg for d, _, bg in seen if d == 0}, seen       # normal threads after
+    assert report.hash_cpu_seconds > 0 and "hashing CPU" in report.summary()
 
 
 # ---- issue 21: trust, staging, flock, backoff ------------------------------------------

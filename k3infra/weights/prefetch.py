@@ -21,9 +21,10 @@ What a run does, in order:
    statvfs lies); otherwise a clear error and nothing is written.
 3. The marker is removed, then files are downloaded in parallel at the pinned revision
    and each is hashed as soon as it lands while other downloads go on. While downloads
-   run, hashing threads run under SCHED_IDLE (verify.Hasher(background=True)): they take
-   only CPU the downloads leave idle, so on a CPU-bound link the overlap costs the
-   downloads nothing; once the last download has landed, normal threads hash the rest. A file that does not hash to the lock is
+   run, files are hashed by worker processes under SCHED_IDLE
+   (verify.Hasher(background=True)): they take only CPU the downloads leave idle and do
+   not share the download threads' interpreter lock; once the last download has landed,
+   normal threads hash the rest. A file that does not hash to the lock is
    deleted and fetched again (3 downloads at most). A failed download waits the server's
    `Retry-After` if it sent one, else an exponential backoff with jitter.
 4. Resume: a plain-HTTP download goes to `.cache/huggingface/download/<path>.<sha256>.incomplete`
