@@ -424,6 +424,43 @@ def test_hashing_yields_to_downloads_and_uses_normal_threads_after(tmp_path, mon
     assert report.hash_cpu_seconds > 0 and "hashing CPU" in report.summary()
 
 
+def test_without_background_hashing_files_are_hashed_after_the_downloads(tmp_path, monkeypatch):
+    """Where the background pool cannot start (no /dev/shm for its queues), the prefetch
+    says so and verifies after the downloads instead of failing."""
+    files = {f"model-{i:05d}.safetensors": os.urandom(2048 + i) for i in range(4)}
+    lock = tree.make_lock(REPO, "a" * 40, [FileEntry(p, len(d), hashlib.sha256(d).hexdigest())
+                                          for p, d in files.items()])
+    dest = tmp_path / "dest"
+    downloading = []
+
+    def fetcher(entry):
+        downloading.append(entry.path)
+        (Path(prefetch.staging_path(str(dest))) / entry.path).write_bytes(files[entry.path])
+        downloading.remove(entry.path)
+
+    real_init, real_submit = verify.Hasher.__init__, verify.Hasher.submit
+    submitted_while_fetching = []
+
+    def init(self, workers=None, *, background=False):
+        if background:
+            raise OSError(38, "Function not implemented")     # what sem_open says there
+        real_init(self, workers)
+
+    def submit(self, path):
+        submitted_while_fetching.append(bool(downloading))
+        return real_submit(self, path)
+
+    monkeypatch.setattr(verify.Hasher, "__init__", init)
+    monkeypatch.setattr(verify.Hasher, "submit", submit)
+    monkeypatch.delenv(prefetch.FREE_BYTES_ENV, raising=False)
+    lines: list[str] = []
+    report = prefetch.prefetch(lock, "0" * 64, str(dest), workers=2, download_workers=2,
+                               fetcher=fetcher, emit=lines.append)
+    assert report.ok, report.problems
+    assert submitted_while_fetching and not any(submitted_while_fetching)
+    assert any("no background hashing" in line for line in lines), lines
+
+
 # ---- issue 21: trust, staging, flock, backoff ------------------------------------------
 
 def test_prefetch_rehashes_a_tampered_file_despite_a_forged_stamp(hub, tmp_path):

@@ -578,7 +578,11 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     in_flight: set = set()
     downloads = ThreadPoolExecutor(max_workers=max(1, download_workers), thread_name_prefix="k3-fetch")
     hasher = verify.Hasher(workers)                       # after the last download
-    idle_hasher = verify.Hasher(workers, background=True)  # while downloads run
+    try:
+        idle_hasher = verify.Hasher(workers, background=True)  # while downloads run
+    except (OSError, ImportError, NotImplementedError) as exc:  # e.g. no /dev/shm for its queues
+        say(f"prefetch: no background hashing ({exc}); files are hashed after the downloads")
+        idle_hasher = None
     rejected = getattr(fetcher, "rejected", None)      # a SourceChain wants to know
     last_line = time.monotonic()
     t0 = time.monotonic()
@@ -614,7 +618,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
         fetching = sum(1 for kind, _ in pending.values() if kind == "fetch")
         hashing = len(pending) - fetching
         pool = idle_hasher if fetching else hasher
-        while to_hash and hashing < hasher.workers:
+        while pool is not None and to_hash and hashing < hasher.workers:
             entry = to_hash.popleft()
             pending[pool.submit(os.path.join(dest, entry.path))] = ("hash", entry)
             hashing += 1
@@ -650,7 +654,7 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                     f"(+{verify._gb(partial)} in flight, {rate:.2f} GB/s)")
     finally:
         downloads.shutdown(wait=True, cancel_futures=True)
-        for pool in (idle_hasher, hasher):
+        for pool in (p for p in (idle_hasher, hasher) if p is not None):
             pool.close()
             report.hash_cpu_seconds += pool.cpu_seconds
     report.problems.sort(key=lambda p: p.path)

@@ -84,8 +84,7 @@ class Hasher:
     Background (`background=True`): worker *processes* under SCHED_IDLE. Threads would
     share the interpreter lock with the download threads, and a SCHED_IDLE thread that
     holds it while the scheduler keeps it off the CPU stalls every download (priority
-    inversion: on CPU-bound loopback downloads this made the overlap ~10 % slower than
-    hashing after the downloads). A process has its own lock: it only takes idle CPU."""
+    inversion; docs/weights.md has the A/B). A process has its own lock."""
 
     def __init__(self, workers: int | None = None, *, background: bool = False):
         self.workers = max(1, workers or tree.default_workers())
