@@ -151,6 +151,17 @@ def test_cli_reads_the_inferred_schema_through_the_plugin(pulumi):
         assert got[key] == served[key], key
 
 
+def assert_bad_revision_refused(pulumi: Pulumi, program: Path) -> None:
+    """A bad value in the consumer's program is refused with the message the Python API
+    gives, before anything is created; the program is put back afterwards."""
+    original = program.read_text()
+    program.write_text(original.replace(REVISION, "main"))
+    proc = pulumi.run("preview", check=False, show=30)
+    assert proc.returncode != 0
+    assert python_refusal(weightsRevision="main") in proc.stdout + proc.stderr
+    program.write_text(original)
+
+
 # --- the consumers ---------------------------------------------------------------------
 
 def test_yaml_consumer_writes_what_the_python_program_writes(engine_bin, pulumi, tmp_path):
@@ -158,15 +169,7 @@ def test_yaml_consumer_writes_what_the_python_program_writes(engine_bin, pulumi,
     expected = python_reference(pulumi, tmp_path)
     d = consumer(pulumi, tmp_path, "yaml")
     up_and_compare(pulumi, d, expected)
-
-    # A bad value is refused with the message the Python API gives, before anything
-    # is created.
-    program = d / "Pulumi.yaml"
-    program.write_text(program.read_text().replace(REVISION, "main"))
-    proc = pulumi.run("preview", check=False, show=30)
-    assert proc.returncode != 0
-    assert python_refusal(weightsRevision="main") in proc.stdout + proc.stderr
-    program.write_text(program.read_text().replace("main", REVISION))
+    assert_bad_revision_refused(pulumi, d / "Pulumi.yaml")
     pulumi.run("destroy", "--yes")
 
 
@@ -175,12 +178,7 @@ def test_typescript_consumer_writes_what_the_python_program_writes(engine_bin, p
     expected = python_reference(pulumi, tmp_path)
     d = consumer(pulumi, tmp_path, "typescript")
     up_and_compare(pulumi, d, expected)
-
-    index = d / "index.ts"
-    index.write_text(index.read_text().replace(REVISION, "main"))
-    proc = pulumi.run("preview", check=False, show=30)
-    assert proc.returncode != 0
-    assert python_refusal(weightsRevision="main") in proc.stdout + proc.stderr
+    assert_bad_revision_refused(pulumi, d / "index.ts")
     pulumi.run("destroy", "--yes")
 
 
