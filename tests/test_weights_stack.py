@@ -195,3 +195,15 @@ def test_the_gate_env_is_exactly_what_the_serve_flags_policy_lets_through():
     names = {e["name"] for e in container(render("existing", PIN))["env"]}
     # The gate's inputs and the start script's engine image (k3infra/serving/start.py).
     assert {n for n in names if n.startswith("K3_")} == set(PRE_ENGINE_ENV_NAMES)
+
+
+def test_a_hub_mirror_reaches_the_prefetch_only():
+    """k3:weights.hubEndpoint is the prefetch's HF_ENDPOINT; no serving pod gets it."""
+    r = render("existing", PIN, "weights.hubEndpoint=http://hub.internal.example:8080/")
+    job = manifest(r, "Job", "kimi-k3-weights-prefetch")
+    assert env_of(job["spec"]["template"]["spec"]["containers"][0])["HF_ENDPOINT"] == \
+        "http://hub.internal.example:8080"
+    assert "HF_ENDPOINT" not in env_of(container(r))
+    assert "HF_ENDPOINT" not in env_of(
+        manifest(render("existing", PIN), "Job", "kimi-k3-weights-prefetch")
+        ["spec"]["template"]["spec"]["containers"][0])

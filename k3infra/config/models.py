@@ -114,6 +114,7 @@ class ColdStartConfig(_Section):
 # local NVMe there, and a root elsewhere (/, /etc, /var/lib/kubelet...) would hand the
 # weights volume's writers a system directory.
 NODE_LOCAL_ROOT_PREFIXES = ("/mnt/", "/var/lib/k3infra/")
+_HUB_ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
 class WeightsConfig(_Section):
@@ -129,6 +130,9 @@ class WeightsConfig(_Section):
     # node-local: the StorageClass of the per-node local PersistentVolumes (each with
     # node affinity to its node); docs/weights.md names what creates the PVs.
     local_storage_class: str = Field(default="k3-local-nvme", alias="localStorageClass")
+    # A Hub mirror or proxy inside your network (the prefetch's HF_ENDPOINT, as in
+    # huggingface_hub); unset: the Hugging Face Hub itself. Narrow k3:network.hubCidrs to it.
+    hub_endpoint: Optional[str] = Field(default=None, alias="hubEndpoint")
     # Expected Hub download bandwidth in GB/s: sizes the prefetch Job's timeout.
     download_gbps: float = Field(default=0.5, gt=0, alias="downloadGBps")
     # Where node-local copies after the first take their bytes (docs/weights.md, "Once per
@@ -157,6 +161,14 @@ class WeightsConfig(_Section):
             raise ValueError(f"must be a directory under {' or '.join(NODE_LOCAL_ROOT_PREFIXES)} "
                              "(where the node pools mount local NVMe)")
         return v.rstrip("/")
+
+    @field_validator("hub_endpoint")
+    @classmethod
+    def _endpoint(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _HUB_ENDPOINT_RE.fullmatch(v):
+            raise ValueError("must be an http(s) base URL such as https://hub.example.com "
+                             "(scheme, host, optional port and path; no query, no spaces)")
+        return v if v is None else v.rstrip("/")
 
     @field_validator("audit_schedule")
     @classmethod

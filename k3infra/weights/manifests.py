@@ -250,6 +250,8 @@ def _prefetch_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
            {"name": "K3_DOWNLOAD_STALL_SECONDS",
             "value": str(cfg.cold_start.download_stall_seconds)},
            {"name": "HOME", "value": "/tmp"}]
+    if cfg.weights.hub_endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": cfg.weights.hub_endpoint})
     if hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": hf_token_secret, "key": "token"}}})

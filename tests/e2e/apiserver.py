@@ -1,9 +1,10 @@
 """A real Kubernetes control plane on 127.0.0.1 for the e2e tests.
 
 etcd, kube-apiserver and kube-controller-manager, built by
-``tools/engine/cluster/build.sh`` into ``$K3INFRA_ENGINE_BIN``. No scheduler and no
-kubelet: Pods stay Pending, which is all the tests need (admission, defaulting,
-validation, field ownership, controllers that create Pods and collect garbage).
+``tools/engine/cluster/build.sh`` into ``$K3INFRA_ENGINE_BIN``. On its own no scheduler
+and no kubelet: Pods stay Pending, which is all the control-plane tests need (admission,
+defaulting, validation, field ownership, controllers that create Pods and collect
+garbage). The node tier (``tests/e2e/node.py``) adds a node to the same control plane.
 
 The session fixture ``cluster`` starts everything with certificates made by the
 ``openssl`` CLI, writes an admin kubeconfig into a temporary folder, waits for
@@ -53,6 +54,13 @@ CONTROLLERS = (
     "statefulset-controller",
     "garbage-collector-controller",
     "persistentvolumeclaim-protection-controller",
+    # For the node tier (tests/e2e/node.py): Services get EndpointSlices (kube-proxy and
+    # CoreDNS read them), claims bind to the static volumes, and a finished Pod of a
+    # deleted owner is collected.
+    "endpointslice-controller",
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "pod-garbage-collector-controller",
 )
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine; a quiet one needs ~10 s
 STOP_TIMEOUT_S = 15.0
@@ -369,6 +377,10 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
             "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity",
             "--allow-privileged=true",
             "--profiling=false",
+            # Logs and exec through the API (kubectl logs, `k3infra startup`) reach the
+            # node's kubelet (tests/e2e/node.py) with the admin's client certificate.
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
         ])
         _wait("kube-apiserver /readyz",
               lambda: _get(f"{server}/readyz", https)[0] == 200, procs, deadline)

@@ -1,0 +1,373 @@
+"""A real node for the e2e tests: kube-scheduler, a kubelet on containerd + runc, a bridge
+CNI, kube-proxy and CoreDNS, joined to the control plane of ``tests/e2e/apiserver.py``.
+
+Everything runs inside the network namespace ``tests/e2e/netns.sh`` makes for the whole
+``make e2e`` run (it exports K3INFRA_E2E_NODE_IP, the namespace's own address): nothing
+listens outside it and no packet leaves it. Images are the project's own
+(``tools/images/build.sh``: Debian packages packed with umoci), pushed to a loopback
+registry (Debian's ``docker-registry``) and pulled by digest, like the product pins them.
+
+What differs from a user's node, and why:
+- the kubelet authenticates to the API server with the admin certificate (no TLS
+  bootstrap, no Node authorizer): one throw-away cluster;
+- containerd sets ``restrict_oom_score_adj``: this VM drops CAP_SYS_RESOURCE, so runc
+  cannot lower a container's oom_score_adj;
+- the node advertises ``nvidia.com/gpu`` (``GPUS``) through a status patch, as a device
+  plugin would, without a device: vLLM runs on CPU; the node carries the test receipt's
+  GPU product label so the product's node affinity is unchanged;
+- the volumes are static PersistentVolumes (``local``, directories in the test's folder)
+  of a StorageClass with no provisioner: the cluster has no storage driver;
+- CoreDNS runs as a process of the node, not as a pod (it needs only the API);
+- kube-proxy masquerades all Service traffic (``masqueradeAll``): pods on one bridge
+  reach each other's Services without relying on the host's bridge netfilter setting;
+- no NetworkPolicy is enforced: the bridge CNI has no policy engine.
+The kernel settings the kubelet changes (``KUBELET_SYSCTLS``) are restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from apiserver import Cluster, ClusterError, _Processes, _free_port, report
+
+NODE_IP_ENV = "K3INFRA_E2E_NODE_IP"
+NODE_NAME = "k3e2e-node"
+POD_CIDR = "10.244.0.0/24"
+BRIDGE = "k3br0"
+GPUS = 1
+GPU_RESOURCE = "nvidia.com/gpu"
+STORAGE_CLASS = "k3e2e-local"
+START_TIMEOUT_S = 240.0
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_BUILD = ROOT / "tools" / "images" / "build.sh"
+# Set by the kubelet at start (pkg/kubelet/cm/container_manager_linux.go): global, not
+# per network namespace, so they are put back when the node stops.
+KUBELET_SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic",
+                   "kernel.panic_on_oops", "kernel.keys.root_maxkeys",
+                   "kernel.keys.root_maxbytes")
+
+
+@dataclass(frozen=True)
+class Node:
+    """The running node, as the tests see it."""
+
+    name: str
+    ip: str                          # InternalIP; pods reach the node's services here
+    cluster: Cluster
+    images: dict[str, str]           # image name -> pinned reference in the registry
+    registry: str                    # host:port of the loopback registry
+    workdir: Path
+    volumes: Path                    # the static PersistentVolumes' directories
+    product_label: str
+    start_seconds: float
+    _pv_count: list = field(default_factory=lambda: [0])
+
+    def containerd_socket(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
+
+    def crictl(self, *args: str) -> str:
+        """`ctr` against the node's containerd (k8s.io namespace), for faults and checks."""
+        return subprocess.run(["ctr", "--address", str(self.containerd_socket()),
+                               "--namespace", "k8s.io", *args],
+                              check=True, capture_output=True, text=True).stdout
+
+    def add_volume(self, name: str, size_gi: int, access: str = "ReadWriteOnce") -> Path:
+        """A static local PersistentVolume of STORAGE_CLASS (a directory on the node)."""
+        from kubernetes import client
+
+        path = self.volumes / name
+        path.mkdir(parents=True)
+        # The pods' fsGroup owns what they write; the directory itself must let them in.
+        path.chmod(0o777)
+        pv = {"apiVersion": "v1", "kind": "PersistentVolume",
+              "metadata": {"name": name, "labels": {"k3e2e/volume": name}},
+              "spec": {"capacity": {"storage": f"{size_gi}Gi"}, "accessModes": [access],
+                       "persistentVolumeReclaimPolicy": "Retain",
+                       "storageClassName": STORAGE_CLASS, "local": {"path": str(path)},
+                       "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                           {"key": "kubernetes.io/hostname", "operator": "In",
+                            "values": [self.name]}]}]}}}}
+        with self.cluster.api_client() as api:
+            client.CoreV1Api(api).create_persistent_volume(pv)
+        return path
+
+
+def _sysctl_path(name: str) -> Path:
+    return Path("/proc/sys") / name.replace(".", "/")
+
+
+@contextlib.contextmanager
+def _kernel_settings_restored() -> Iterator[None]:
+    saved = {}
+    for name in KUBELET_SYSCTLS:
+        with contextlib.suppress(OSError):
+            saved[name] = _sysctl_path(name).read_text()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            with contextlib.suppress(OSError):
+                _sysctl_path(name).write_text(value)
+
+
+def image_layout(name: str) -> Path:
+    """The cached OCI layout of one of the project's test images. `make e2e` builds them
+    before entering the network namespace; here a cached one is only looked up."""
+    proc = subprocess.run([str(IMAGE_BUILD), name], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"{IMAGE_BUILD} {name} failed (run `make e2e`, which builds the "
+                           f"images before the tests):\n{proc.stderr[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _containerd_config(work: Path, registry: str, pause: str) -> Path:
+    hosts = work / "certs.d"
+    _write(hosts / registry / "hosts.toml",
+           f'server = "http://{registry}"\n[host."http://{registry}"]\n'
+           '  capabilities = ["pull", "resolve"]\n')
+    return _write(work / "config.toml", f"""version = 2
+root = "{work / 'root'}"
+state = "{work / 'state'}"
+[grpc]
+  address = "{work / 'containerd.sock'}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{work / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  # This VM drops CAP_SYS_RESOURCE: runc cannot lower oom_score_adj.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{work.parent / 'cni'}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{hosts}"
+""")
+
+
+def _cni_config(work: Path) -> None:
+    _write(work / "cni" / "10-k3e2e.conflist", json.dumps({
+        "cniVersion": "0.4.0", "name": "k3e2e",
+        "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True,
+                     "hairpinMode": True,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                              "routes": [{"dst": "0.0.0.0/0"}],
+                              "dataDir": str(work / "cni-ipam")}},
+                    {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=1))
+
+
+def _kubelet_config(work: Path, cluster: Cluster, node_ip: str, socket: Path) -> Path:
+    pki = cluster.workdir / "pki"
+    return _write(work / "kubelet.yaml", json.dumps({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "address": node_ip, "port": 10250, "readOnlyPort": 0, "healthzPort": 0,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(pki / "ca.crt")}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": f"unix://{socket}",
+        "clusterDNS": [node_ip], "clusterDomain": "cluster.local",
+        "resolvConf": str(_write(work / "resolv.conf", f"nameserver {node_ip}\n")),
+        "failSwapOn": False,
+        "podLogsDir": str(work / "pod-logs"),
+        "serializeImagePulls": False,
+        # A busy 2-core test machine: no eviction or image GC under the tests' feet.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "maxPods": 30,
+        "registerNode": True,
+        "staticPodPath": "",
+        "fileCheckFrequency": "5s",
+        "syncFrequency": "10s",
+        "nodeStatusUpdateFrequency": "5s",
+    }, indent=1))
+
+
+def _proxy_config(work: Path, kubeconfig: Path) -> Path:
+    return _write(work / "kube-proxy.yaml", json.dumps({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": NODE_NAME, "mode": "iptables", "clusterCIDR": POD_CIDR,
+        "iptables": {"masqueradeAll": True, "syncPeriod": "5s", "minSyncPeriod": "0s"},
+        # Conntrack limits are global, not per namespace: leave the machine's alone.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                      "tcpCloseWaitTimeout": "0s"},
+        "healthzBindAddress": "", "metricsBindAddress": "127.0.0.1:0",
+    }, indent=1))
+
+
+def _corefile(work: Path, node_ip: str, kubeconfig: Path, context: str) -> Path:
+    return _write(work / "Corefile", f""".:53 {{
+    bind {node_ip}
+    errors
+    ready {node_ip}:{_free_port()}
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig} {context}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+}}
+""")
+
+
+def _wait(what: str, ready, procs: _Processes, deadline: float, interval: float = 0.5) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        try:
+            if ready():
+                return
+        except Exception as exc:  # noqa: BLE001 - the last error goes into the message
+            last = f" (last: {exc})"
+        time.sleep(interval)
+    raise ClusterError(f"{what} not ready after {START_TIMEOUT_S:.0f} s{last}\n{procs.logs()}")
+
+
+def _node_ready(cluster: Cluster) -> bool:
+    from kubernetes import client
+
+    with cluster.api_client() as api:
+        node = client.CoreV1Api(api).read_node(NODE_NAME)
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def _advertise_gpus(cluster: Cluster) -> None:
+    """What a device plugin does: the node's capacity names the extended resource."""
+    from kubernetes import client
+
+    with cluster.api_client() as api:
+        client.CoreV1Api(api).patch_node_status(
+            NODE_NAME, {"status": {"capacity": {GPU_RESOURCE: str(GPUS)}}})
+
+
+def _gpus_allocatable(cluster: Cluster) -> bool:
+    from kubernetes import client
+
+    with cluster.api_client() as api:
+        node = client.CoreV1Api(api).read_node(NODE_NAME)
+    return (node.status.allocatable or {}).get(GPU_RESOURCE) == str(GPUS)
+
+
+def _storage_class(cluster: Cluster) -> None:
+    from kubernetes import client
+
+    with cluster.api_client() as api:
+        client.StorageV1Api(api).create_storage_class({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": STORAGE_CLASS},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer"})
+
+
+@contextlib.contextmanager
+def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
+             images: tuple[str, ...]) -> Iterator[Node]:
+    """Start the registry, containerd, CoreDNS, kube-scheduler, the kubelet and kube-proxy;
+    push `images` (plus the pause image); stop everything on exit."""
+    from registry import run_registry
+
+    started = time.monotonic()
+    deadline = started + START_TIMEOUT_S
+    bin_dir = cluster.bin_dir
+    procs = _Processes(workdir)
+    with _kernel_settings_restored(), run_registry(workdir / "registry") as reg:
+        try:
+            pushed = {name: reg.push(image_layout(name), f"k3e2e/{name}", "e2e")
+                      for name in ("pause", *images)}
+            cd = workdir / "containerd"
+            _cni_config(workdir)
+            procs.start("containerd", ["containerd", "--config",
+                                       str(_containerd_config(cd, reg.address, pushed["pause"]))])
+            socket = cd / "containerd.sock"
+            _wait("containerd", socket.exists, procs, deadline)
+
+            procs.start("coredns", [str(bin_dir / "coredns"), "-conf",
+                                    str(_corefile(workdir, node_ip, cluster.kubeconfig,
+                                                  cluster.context))])
+            procs.start("kube-scheduler", [
+                str(bin_dir / "kube-scheduler"), f"--kubeconfig={cluster.kubeconfig}",
+                "--leader-elect=false", "--secure-port=0"])
+            kubelet_dir = workdir / "kubelet"
+            procs.start("kubelet", [
+                str(bin_dir / "kubelet"),
+                f"--config={_kubelet_config(workdir, cluster, node_ip, socket)}",
+                f"--kubeconfig={cluster.kubeconfig}", f"--root-dir={kubelet_dir}",
+                f"--node-ip={node_ip}", f"--hostname-override={NODE_NAME}",
+                f"--node-labels=nvidia.com/gpu.product={product_label}",
+                f"--cert-dir={kubelet_dir / 'pki'}", "--v=1"])
+            procs.start("kube-proxy", [str(bin_dir / "kube-proxy"),
+                                       f"--config={_proxy_config(workdir, cluster.kubeconfig)}"])
+            _wait("node Ready", lambda: _node_ready(cluster), procs, deadline)
+            _advertise_gpus(cluster)
+            _wait(f"{GPU_RESOURCE} allocatable", lambda: _gpus_allocatable(cluster), procs,
+                  deadline)
+            _storage_class(cluster)
+            yield Node(name=NODE_NAME, ip=node_ip, cluster=cluster, images=pushed,
+                       registry=reg.address, workdir=workdir, volumes=workdir / "volumes",
+                       product_label=product_label,
+                       start_seconds=time.monotonic() - started)
+        finally:
+            procs.stop()
+            _remove_pod_sandboxes(workdir)
+
+
+def _remove_pod_sandboxes(workdir: Path) -> None:
+    """Containers the kubelet left (it does not stop pods when it stops): kill what still
+    runs under the node's runc root, so nothing outlives the test run."""
+    root = workdir / "containerd" / "state"
+    for pidfile in root.rglob("init.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), 9)
+
+
+def missing(cluster_bin: Path) -> str | None:
+    """Why the node cannot start here, or None."""
+    if not os.environ.get(NODE_IP_ENV):
+        return (f"{NODE_IP_ENV} is not set: the node tier runs inside the network namespace "
+                "tests/e2e/netns.sh makes (`make e2e`)")
+    lacking = [b for b in ("kube-scheduler", "kubelet", "kube-proxy", "coredns")
+               if not os.access(cluster_bin / b, os.X_OK)]
+    if lacking:
+        return f"{cluster_bin} lacks {', '.join(lacking)}: run tools/engine/build.sh"
+    for tool in ("containerd", "runc", "ctr", "docker-registry", "skopeo"):
+        if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode:
+            return f"{tool} is not installed (.ci/run installs the node's Debian packages)"
+    return None
+
+
+def node_fixture(product_label: str, images: tuple[str, ...]):
+    """A session fixture `node` for a test receipt's GPU product label and images."""
+
+    @pytest.fixture(scope="session")
+    def node(request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory) -> Iterator[Node]:
+        reason = missing(cluster.bin_dir)
+        if reason:
+            pytest.skip(reason)
+        workdir = tmp_path_factory.mktemp("node")
+        with run_node(cluster, workdir, os.environ[NODE_IP_ENV], product_label, images) as n:
+            report(request.config,
+                   f"\nnode {n.name} ({n.ip}): kubelet, containerd, kube-proxy, CoreDNS; "
+                   f"Ready with {GPU_RESOURCE}={GPUS} in {n.start_seconds:.1f} s; "
+                   f"images {', '.join(n.images.values())}; logs in {workdir}")
+            yield n
+
+    return node
