@@ -18,9 +18,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="${K3INFRA_ENGINE_CACHE:-$HOME/.cache/k3infra/engine}"
 export GOFLAGS="-mod=readonly -buildvcs=false"
 mkdir -p "$root"
-# One build at a time per cache: two runs would share (and remove) each other's .tmp dirs.
-exec 9>"$root/.lock"
-flock 9
 
 # The Pulumi version linked into the CLI and the host: the sdk/v3 version go.mod pins.
 pulumi_version() { (cd "$here" && go list -m -f '{{.Version}}' github.com/pulumi/pulumi/sdk/v3); }
@@ -47,6 +44,11 @@ build_cli() {  # OUTDIR
 build_part() {
   local name="$1" dir="$2" builder="$3" key out start
   key="$(part_key "$dir" "${@:4}")"; out="$root/$name-$key"
+  # One build of a part at a time: two would share (and remove) each other's .tmp dir.
+  # Per part, so `make test` (two small parts) never waits for CI's background build of
+  # the others.
+  exec 9>"$out.lock"
+  flock 9
   if [[ -f "$out/.complete" ]]; then
     echo "engine: $name reused ($out)" >&2
   else
@@ -59,6 +61,7 @@ build_part() {
     touch "$out/.complete"
     echo "engine: $name built in $(cat "$out/.build-seconds") s" >&2
   fi
+  exec 9>&-
   parts+=("$out")
 }
 
@@ -77,10 +80,11 @@ done
 # One bin directory of links, keyed by the parts it joins.
 bin="$root/bin-$(printf '%s\n' "${parts[@]}" | sha256sum | cut -c1-16)"
 if [[ ! -d "$bin" ]]; then
-  mkdir -p "$bin.tmp"
+  rm -rf "$bin.tmp.$$"; mkdir -p "$bin.tmp.$$"
   for p in "${parts[@]}"; do
-    for f in "$p"/*; do ln -sf "$f" "$bin.tmp/$(basename "$f")"; done
+    for f in "$p"/*; do ln -sf "$f" "$bin.tmp.$$/$(basename "$f")"; done
   done
-  rm -rf "$bin"; mv "$bin.tmp" "$bin"
+  # Two runs joining the same parts: the first rename wins, the other's copy goes.
+  mv -T "$bin.tmp.$$" "$bin" 2>/dev/null || rm -rf "$bin.tmp.$$"
 fi
 echo "$bin"
