@@ -32,6 +32,27 @@ def test_plan_and_manifests_on_disk(tmp_path):
     assert list(sts)[:3] == ["apiVersion", "kind", "metadata"]
 
 
+def test_plan_keys_are_the_readmes(tmp_path):
+    """README "What a render shows" lists plan.json's keys and each resource's."""
+    write_render(render("existing", PIN), tmp_path)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert list(plan) == ["stack", "project", "config", "resources", "outputs", "warnings"]
+    assert list(plan["resources"][0]) == ["type", "name", "urn", "parent", "provider",
+                                          "dependsOn", "customTimeouts", "inputs"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ('`DIR/plan.json`: `{"stack", "project", "config", "resources": [{"type", "name", '
+            '"urn", "parent", "provider", "dependsOn", "customTimeouts", "inputs"}], '
+            '"outputs", "warnings"}`') in readme
+
+
+def test_a_render_without_kubernetes_objects_writes_no_manifests_folder(tmp_path):
+    """The Docker host: plan.json and compose.yaml only; a stale manifests/ is cleared."""
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "001-old.yaml").write_text("kind: Old\n")
+    assert main(["render", "--stack", "host", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "plan.json"]
+
+
 def test_parents_and_ordering():
     r = render("existing", PIN)
     by_name = {res["name"]: res for res in r.resources}
