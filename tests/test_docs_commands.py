@@ -442,3 +442,42 @@ def test_each_command_is_one_the_parser_understood():
     assert len(COMMANDS) > 50
     for c in COMMANDS:
         assert not c.key.endswith(("\\", "|", "&&")), c.id
+
+
+# --- the README's Python program --------------------------------------------------------
+
+def _readme_program() -> str:
+    text = (ROOT / "README.md").read_text()
+    return re.search(r"### Using `K3ServingStack` from your own program.*?```python\n(.*?)```",
+                     text, re.S).group(1)
+
+
+def _run_program(source: str):
+    from pulumi.runtime import config as runtime_config
+
+    from program_harness import record
+
+    runtime_config.set_config("consumer:apiKey", "k3-docs-test-key")
+    try:
+        return record(lambda: exec(compile(source, "README.md", "exec"), {"__name__": "__main__"}))
+    finally:
+        runtime_config.CONFIG.get().pop("consumer:apiKey", None)
+
+
+def test_readme_program_as_printed_names_the_value_to_replace():
+    """As printed it stops on the first placeholder, as the README says, registering nothing."""
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _run_program(_readme_program())
+    assert err.value.key == "k3:weightsRevision"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"`{str(err.value).split(': must')[0]}: must be a 40-hex Hub commit" in readme
+
+
+def test_readme_program_runs_with_its_placeholders_filled():
+    source = _fill(_readme_program())
+    assert not _PLACEHOLDER.findall(source), source
+    recording = _run_program(source)
+    types = [r.type for r in recording.resources]
+    assert "k3infra:index:K3ServingStack" in types and "kubernetes:apps/v1:StatefulSet" in types
