@@ -2,6 +2,7 @@
 
 - HBM fit per node (k3infra.hbm) and that the pool's GPUs are the configured ones;
 - node count vs replicas (one replica is one whole 8-GPU node);
+- each weights volume (k3:weights.sizeGi) vs two trees, the update path's need;
 - local NVMe per node vs the weights (lock total, or the receipt's size) plus a margin,
   in node-local mode;
 - Capacity Block AZ vs the node group's subnets (AWS).
@@ -138,6 +139,33 @@ def check_local_nvme(cfg: StackConfig, receipt: Receipt,
                  f"{pool.local_nvme_margin_pct:g} % = {need_gb:.1f} GB")
 
 
+def _weights_bytes(receipt: Receipt, lock_total_bytes: Optional[int]) -> tuple[int, str]:
+    if lock_total_bytes is not None:
+        return lock_total_bytes, "lock total"
+    return int(receipt.model.size_gb * 1e9), "receipt size (no lock file)"
+
+
+def check_weights_volume(cfg: StackConfig, receipt: Receipt,
+                         lock_total_bytes: Optional[int] = None) -> Check:
+    """Each weights volume (the shared PVC, or each node-local claim) holds the tree
+    being served and the new revision staged beside it: the update path
+    (docs/weights.md, "Revision changes") needs room for both."""
+    tree, source = _weights_bytes(receipt, lock_total_bytes)
+    need = TREES_PER_VOLUME * tree
+    size_gi = cfg.weights.size_gi
+    have = size_gi * 2**30
+    if have < need:
+        raise PreflightError(
+            "k3:weights.sizeGi", size_gi,
+            f"a weights volume of {size_gi} Gi ({have / 1e9:.1f} GB) cannot hold "
+            f"{TREES_PER_VOLUME} x {tree / 1e9:.1f} GB of weights ({source}; a revision change "
+            f"stages the new tree beside the old one) = {need / 1e9:.1f} GB; accepted: at least "
+            f"{-(-need // 2**30)} (Gi)")
+    return Check("weights volume",
+                 f"{size_gi} Gi ({have / 1e9:.1f} GB) per volume >= {TREES_PER_VOLUME} x "
+                 f"{tree / 1e9:.1f} GB ({source}): room to stage a new revision")
+
+
 def check_capacity_zone(cfg: StackConfig, receipt: Receipt) -> Check:
     pool = cfg.node_pool
     if pool.provider != "aws" or pool.aws.capacity_block is None:
@@ -177,7 +205,8 @@ def run_preflight(cfg: StackConfig, receipt: Receipt,
                   lock_total_bytes: Optional[int] = None) -> list[Check]:
     """All checks in order; the first failure raises PreflightError."""
     return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
-            check_node_count(cfg, receipt), check_local_nvme(cfg, receipt, lock_total_bytes),
+            check_node_count(cfg, receipt), check_weights_volume(cfg, receipt, lock_total_bytes),
+            check_local_nvme(cfg, receipt, lock_total_bytes),
             check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt),
             multi_node_requirements(cfg, receipt)]
 

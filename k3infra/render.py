@@ -204,13 +204,20 @@ def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = N
 def write_render(render: Render, out: Path) -> list[Path]:
     import yaml
 
+    manifests = render.manifests()
     manifests_dir = out / "manifests"
-    manifests_dir.mkdir(parents=True, exist_ok=True)
-    for old in manifests_dir.glob("*.yaml"):
-        old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    if manifests_dir.is_dir():
+        for old in manifests_dir.glob("*.yaml"):
+            old.unlink()
+        # A render without Kubernetes objects (the Docker host) leaves no empty folder.
+        if not manifests and not any(manifests_dir.iterdir()):
+            manifests_dir.rmdir()
+    if manifests:
+        manifests_dir.mkdir(exist_ok=True)
     (out / "plan.json").write_text(json.dumps(render.plan(), indent=2, sort_keys=False) + "\n")
     written = []
-    for i, obj in enumerate(render.manifests(), 1):
+    for i, obj in enumerate(manifests, 1):
         name = obj.get("metadata", {}).get("name", "unnamed")
         path = manifests_dir / f"{i:03d}-{obj['kind'].lower()}-{name}.yaml"
         head = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}

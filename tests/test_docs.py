@@ -17,6 +17,40 @@ def test_quick_start_has_exactly_two_setup_commands():
     assert re.search(r"^render:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
 
 
+def _make_vars(makefile: str) -> dict[str, str]:
+    return dict(re.findall(r"^(\w+)\s*[:?]?=\s*(\S+)", makefile, re.M))
+
+
+def _expand(value: str, variables: dict[str, str]) -> str:
+    while "$(" in value:
+        value = re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], value)
+    return value
+
+
+def test_quick_start_says_what_make_test_runs():
+    """The quick start's account of `make test` (the venvs it makes, the pytest selection)
+    is the Makefile's, whatever tiers it grows."""
+    import tomllib
+
+    quick = " ".join(README.split("## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    makefile = (ROOT / "Makefile").read_text()
+    variables = _make_vars(makefile)
+    rule = re.search(r"^test:(.*)\n((?:\t.*\n?)+)", makefile, re.M)
+    venvs = []
+    for target in rule.group(1).split():
+        stamp = re.search(rf"^{re.escape(target)}:\s*(\S+)", makefile, re.M).group(1)
+        venvs.append(_expand(stamp, variables).split("/bin/")[0])
+    assert venvs and all(f"`{v}`" in quick for v in venvs), venvs
+    recipe = rule.group(2)
+    marker = re.search(r"-m\s+'([^']+)'", recipe)
+    if marker is None:
+        addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+            "ini_options"]["addopts"]
+        marker = re.search(r"-m\s+'([^']+)'", addopts)
+    assert f"`-m '{marker.group(1)}'`" in quick
+    assert "`tests/test_docs_commands.py`" in quick and (ROOT / "tests/test_docs_commands.py").exists()
+
+
 def test_readme_pins_match_the_receipt(receipt):
     facts = [receipt.engine.version, receipt.engine.commit, str(receipt.engine.pull_request),
              " ".join(receipt.serve.engine_arg_tokens()),
@@ -100,7 +134,8 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
     assert f"(default {s.termination_grace_seconds} s)" in serving
     assert f"(default {s.cpu})" in serving and f"(default {s.memory_gi} Gi)" in serving
     assert f"(default {s.shm_size_gi} Gi)" in serving
-    assert f"slowest measured request ({m.drain_seconds(receipt, cfg)} s)" in configuration
+    assert (f"slowest measured request, {m.drain_seconds(receipt, cfg)} s in all with the "
+            "shipped receipt") in configuration
     for key, value in (("cpu", s.cpu), ("memoryGi", s.memory_gi), ("shmSizeGi", s.shm_size_gi),
                        ("terminationGraceSeconds", s.termination_grace_seconds)):
         assert f"`serving.{key}` | `{value}`" in configuration, key

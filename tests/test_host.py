@@ -146,6 +146,9 @@ def test_secrets_never_reach_the_plan_and_env_comes_from_the_plan():
     # The env list holds the key, so Pulumi keeps the whole list secret.
     assert c["kimi-k3-vllm"]["inputs"]["envs"] == "[secret]"
     assert c["kimi-k3-proxy"]["inputs"]["envs"] == "[secret]"
+    # The engine image is an Output: it reaches the env resolved, never str()'d (issue 33's
+    # runs of the README's host render showed "Calling __str__ on an Output[T]").
+    assert not [w for w in r.warnings if "__str__" in w], r.warnings
     cfg = host_cfg()
     env = host_plan(load(), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm").env
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -502,7 +505,9 @@ esac
 def test_host_render_passes_the_whole_pack():
     from k3infra.policies.runner import check_plan
 
-    assert check_plan(host_render().plan()).findings == []
+    # The template leaves the licence unaccepted: its advisory is the only finding.
+    licence = ["k3-license-acknowledged"]
+    assert [f.policy for f in check_plan(host_render().plan()).findings] == licence
     wide = host_render("k3:host.publishAddress=0.0.0.0", "k3:host.publishAllInterfaces=true")
     # check_plan loads the plan's k3:host config: the explicit choice passes.
-    assert check_plan(wide.plan()).findings == []
+    assert [f.policy for f in check_plan(wide.plan()).findings] == licence

@@ -72,3 +72,12 @@ def test_policy_list_cli(capsys):
     assert main(["policy", "list"]) == 0
     out = capsys.readouterr().out
     assert "k3-serve-flags" in out and "k3-hbm-fit" in out
+
+
+@pytest.mark.parametrize("stack", ["existing", "host"])
+def test_licence_advisory_on_cluster_and_host_renders(stack):
+    """Issue 33: the host stack serves the weights too; the advisory must show on its render."""
+    names = [f.policy for f in check_plan(render(stack).plan()).advisory]
+    assert names.count("k3-license-acknowledged") == 1
+    accepted = check_plan(render(stack, "k3:acceptModelLicense=true").plan()).advisory
+    assert "k3-license-acknowledged" not in [f.policy for f in accepted]

@@ -7,7 +7,7 @@ from k3infra.config import ConfigError
 from k3infra.receipt import load_receipt
 from k3infra.preflight import (PreflightError, check_capacity_zone, check_hbm,
                                check_local_nvme, check_node_count, check_pool_gpu,
-                               preflight_report)
+                               check_weights_volume, preflight_report)
 
 from conftest import GOOD_REVISION
 from nodepool_harness import AWS, OCI, Recorder, run, stack_config
@@ -88,6 +88,39 @@ def test_unknown_local_nvme_refused_for_created_pools(receipt):
         check_local_nvme(cfg, receipt)
     assert err.value.key == "k3:nodePool.localNvmeGB"
     assert "BM.GPU.B300.8" in str(err.value)
+
+
+def test_default_weights_volume_holds_two_trees(receipt):
+    cfg = stack_config({"provider": "existing"})
+    assert check_weights_volume(cfg, receipt).detail == (
+        "3200 Gi (3436.0 GB) per volume >= 2 x 1561.0 GB (receipt size (no lock file)): "
+        "room to stage a new revision")
+
+
+@pytest.mark.parametrize("mode", ["shared", "node-local"])
+def test_weights_volume_for_one_tree_refused(receipt, mode):
+    """Issue 33: 1700 Gi holds the served tree but not the next revision staged beside it."""
+    cfg = stack_config({"provider": "existing"}, weights={"mode": mode, "sizeGi": 1700})
+    with pytest.raises(PreflightError) as err:
+        check_weights_volume(cfg, receipt)
+    assert (err.value.key, err.value.value) == ("k3:weights.sizeGi", 1700)
+    assert str(err.value) == (
+        "k3:weights.sizeGi = 1700: a weights volume of 1700 Gi (1825.4 GB) cannot hold 2 x "
+        "1561.0 GB of weights (receipt size (no lock file); a revision change stages the new "
+        "tree beside the old one) = 3122.0 GB; accepted: at least 2908 (Gi)")
+
+
+def test_weights_volume_is_held_to_the_lock_total(receipt):
+    cfg = stack_config({"provider": "existing"})
+    with pytest.raises(PreflightError, match=r"2 x 1800.0 GB of weights \(lock total"):
+        check_weights_volume(cfg, receipt, lock_total_bytes=1_800_000_000_000)
+
+
+def test_one_tree_volume_refused_by_render(tmp_path, capsys):
+    code = main(["render", "--stack", "existing", "--config", "weights.sizeGi=1700",
+                 "--out", str(tmp_path)])
+    assert code == 2
+    assert "k3:weights.sizeGi = 1700: a weights volume of 1700 Gi" in capsys.readouterr().err
 
 
 def test_capacity_block_in_another_az_refused(receipt):

@@ -32,6 +32,27 @@ def test_plan_and_manifests_on_disk(tmp_path):
     assert list(sts)[:3] == ["apiVersion", "kind", "metadata"]
 
 
+def test_plan_keys_are_the_readmes(tmp_path):
+    """README "What a render shows" lists plan.json's keys and each resource's."""
+    write_render(render("existing", PIN), tmp_path)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert list(plan) == ["stack", "project", "config", "resources", "outputs", "warnings"]
+    assert list(plan["resources"][0]) == ["type", "name", "urn", "parent", "provider",
+                                          "dependsOn", "customTimeouts", "inputs"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ('`DIR/plan.json`: `{"stack", "project", "config", "resources": [{"type", "name", '
+            '"urn", "parent", "provider", "dependsOn", "customTimeouts", "inputs"}], '
+            '"outputs", "warnings"}`') in readme
+
+
+def test_a_render_without_kubernetes_objects_writes_no_manifests_folder(tmp_path):
+    """The Docker host: plan.json and compose.yaml only; a stale manifests/ is cleared."""
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "001-old.yaml").write_text("kind: Old\n")
+    assert main(["render", "--stack", "host", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "plan.json"]
+
+
 def test_parents_and_ordering():
     r = render("existing", PIN)
     by_name = {res["name"]: res for res in r.resources}
@@ -192,3 +213,37 @@ def test_templates_carry_no_ciphertext_and_set_the_required_keys():
         assert "secure:" not in text, stack
         assert "k3:weightsRevision:" in text, stack
         assert f"pulumi stack init {stack}" in text and f"cp stacks/examples/Pulumi.{stack}.yaml stacks/" in text
+
+
+def test_one_engine_build_default_for_the_component_and_the_templates():
+    """Issue 33: k3:engine.build unset is prebuilt with k3:engineImage, else in-cluster,
+    for K3ServingStackArgs and the stack templates alike (which leave it unset)."""
+    import yaml as _yaml
+
+    from conftest import ALL_STACKS, PREBUILT_IMAGE
+    from k3infra.config import parse_stack_config
+
+    base = {"weightsRevision": GOOD_REVISION, "apiKey": "k"}
+    receipt = load_receipt()
+    assert parse_stack_config({**base, "engineImage": PREBUILT_IMAGE},
+                              receipt=receipt).engine.build == "prebuilt"
+    built = parse_stack_config({**base, "engine": {"registry": "r.example.com/k3/vllm"}},
+                               receipt=receipt)
+    assert built.engine.build == "in-cluster"
+    for stack in ALL_STACKS:
+        config = _yaml.safe_load((ROOT / "stacks/examples" / f"Pulumi.{stack}.yaml").read_text())
+        assert "build" not in config["config"].get("k3:engine", {}), stack
+
+
+@pytest.mark.parametrize("stack", ["existing", "aws", "oci", "nebius", "coreweave"])
+def test_upstream_profile_on_a_template_needs_only_the_image(stack, tmp_path, capsys):
+    """Issue 33, point 4: `profile: upstream` plus the released image, nothing else."""
+    from conftest import PREBUILT_IMAGE
+
+    r = render(stack, PIN, "k3:profile=upstream", f"k3:engineImage={PREBUILT_IMAGE}")
+    assert r.outputs["engineProfile"].startswith("upstream: ")
+    code = main(["render", "--stack", stack, "--config", "profile=upstream",
+                 "--out", str(tmp_path)])
+    assert code == 2
+    assert ("k3:engineImage = None: is required with k3:profile = upstream: a released vLLM "
+            "image pinned by digest") in capsys.readouterr().err

@@ -206,7 +206,10 @@ class BaseImages(_Section):
 class EngineConfig(_Section):
     """How the engine image is obtained (k3:engine). docs/engine.md explains each key."""
 
-    build: Literal["prebuilt", "in-cluster", "local"] = "prebuilt"
+    # Unset: `prebuilt` when k3:engineImage is given, else `in-cluster` (the upstream profile
+    # and a Docker host need the image): one rule for the component and the stack
+    # templates. parse_stack_config fills it in; code after it always sees a mode.
+    build: Optional[Literal["prebuilt", "in-cluster", "local"]] = None
     # The receipt's short engine commit resolved once to its full 40-hex SHA (docs/engine.md,
     # "Pinning the engine commit"); it must start with the receipt's short SHA. Builds
     # take only this: `pulumi up` refuses to build without it.

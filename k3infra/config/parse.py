@@ -83,8 +83,33 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *
     return cfg
 
 
+def _engine_build(cfg: StackConfig) -> str:
+    """k3:engine.build when unset: run the image given, or build the receipt's engine in
+    the cluster. What cannot be derived is refused here, naming k3:engineImage."""
+    if cfg.engine_image is not None:
+        return "prebuilt"
+    if cfg.profile == "upstream":
+        raise ConfigError("k3:engineImage", None,
+                          "is required with k3:profile = upstream: a released vLLM image "
+                          "pinned by digest, <repository>@sha256:<64 hex> (k3:engine.build "
+                          "is then prebuilt)")
+    if cfg.host is not None:
+        raise ConfigError("k3:engineImage", None,
+                          "is required on a Docker host (k3:host): <repository>@sha256:<64 hex>, "
+                          "or k3:engine.build = local with k3:engine.registry")
+    if cfg.engine.registry is None:
+        raise ConfigError("k3:engineImage", None,
+                          "is required unless the engine is built: <repository>@sha256:<64 hex>, "
+                          "or k3:engine.registry and k3:engine.registrySecret to build the "
+                          "receipt's engine in the cluster (k3:engine.build unset = in-cluster "
+                          "without k3:engineImage)")
+    return "in-cluster"
+
+
 def _receipt_defaults(cfg: StackConfig, receipt: Receipt) -> StackConfig:
     update: dict[str, Any] = {}
+    if cfg.engine.build is None:
+        update["engine"] = cfg.engine.model_copy(update={"build": _engine_build(cfg)})
     if cfg.gpu_product is None:
         update["gpu_product"] = receipt.hardware.gpu_product_label
     if cfg.benchmark.concurrencies is None:
@@ -136,7 +161,8 @@ def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
                           "<repository>@sha256:<64 hex>")
     if cfg.profile == "upstream" and cfg.engine.build != "prebuilt":
         raise ConfigError("k3:engine.build", cfg.engine.build,
-                          "the upstream profile uses a released image: prebuilt only")
+                          "the upstream profile runs a released image: prebuilt only (or leave "
+                          "k3:engine.build unset) with k3:engineImage = that image by digest")
 
 
 # GatewayClass names the implementations' own install docs use, for the message.

@@ -153,7 +153,9 @@ class K3HostStack(pulumi.ComponentResource):
                    depends_on: list, attach: bool = False, network_mode: Any = None,
                    extra_labels: Optional[dict] = None,
                    pins: Optional[dict] = None) -> docker.Container:
-        envs: list[Any] = [f"{k}={v}" for k, v in c.env.items()]
+        # An Output value (the engine image of a build) joins its name once resolved.
+        envs: list[Any] = [pulumi.Output.concat(k, "=", v) if isinstance(v, pulumi.Output)
+                           else f"{k}={v}" for k, v in c.env.items()]
         envs += [secrets[n].apply(lambda v, n=n: f"{n}={v}") for n in c.secret_env]
         labels = {**serving.labels(instance, c.name), **(pins or {}), **(extra_labels or {})}
         mounts, tmpfs = [], {}

@@ -8,7 +8,7 @@ from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
                            StackValidationArgs, StackValidationPolicy)
 
 from k3infra.gates import license_text
-from k3infra.policies import stack_config
+from k3infra.policies import host, stack_config
 from k3infra.policies.workloads import Workload, get, items, kind_of, label_selector_matches, workloads
 from k3infra.receipt import load_receipt
 
@@ -88,7 +88,8 @@ disruption_budget = StackValidationPolicy(
 
 
 def _license(args: StackValidationArgs, report: ReportViolation) -> None:
-    if not _serving(args):
+    # A cluster's serving workloads or a Docker host's serving container: both serve the weights.
+    if not _serving(args) and not any(host.serves(r.resource_type, r.props) for r in args.resources):
         return
     if not stack_config.license_accepted():
         report(f"k3:acceptModelLicense is not true. {license_text(_R)}", None)

@@ -60,6 +60,11 @@ def _env(props: Any) -> Optional[list[dict]]:
     return out
 
 
+def serves(resource_type: str, props: Any) -> bool:
+    """A Docker container that runs `vllm serve` (the host stack's serving container)."""
+    return resource_type == CONTAINER and serve_args_of(_tokens(props)) is not None
+
+
 def _name(args: ResourceValidationArgs) -> str:
     return f"container {get(args.props, 'name') or args.name}"
 
