@@ -93,6 +93,10 @@ def test_existing_stack_renders_the_models_flags(rendered):
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert pod["metadata"]["annotations"]["k3infra.dev/receipt"] == "tiny-moe-cpu-e2e"
     assert sts["metadata"]["annotations"]["k3infra.dev/receipt"] == "tiny-moe-cpu-e2e"
+    # A released engine: no "(PR 0, without )" in the label.
+    assert pod["metadata"]["annotations"]["k3infra.dev/engine"] == (
+        "measured: vLLM 0.32.0 @ ad44bdad85566b1532aa95066d6c92a5f6715867, prebuilt image, "
+        "audit its labels")
 
 
 def _policy_check(render_dir: Path, receipt: Path | None):
