@@ -63,7 +63,7 @@ def train_tokenizer(vocab: int = VOCAB):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     files = corpus_files()
     if not files:
-        raise SystemExit(f"models: none of {CORPUS} under {sysconfig.get_paths()['stdlib']}")
+        raise SystemExit(f"tiny_moe: none of {CORPUS} under {sysconfig.get_paths()['stdlib']}")
     tok.train([str(f) for f in files], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL[0],
                                    eos_token=SPECIAL[2], pad_token=SPECIAL[0],
@@ -81,13 +81,18 @@ def generate(out_dir, seed: int = 0, shards: int = SHARDS) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
     tokenizer.save_pretrained(out)
-    # Names only in the fast tokenizer's own file: drop what save_pretrained adds that
-    # vLLM does not read (special_tokens_map.json duplicates tokenizer_config.json).
-    (out / "special_tokens_map.json").unlink(missing_ok=True)
+    # transformers 5 writes the template to chat_template.jinja and names its own
+    # "TokenizersBackend" class; a transformers 4 reader (an lm-eval image, say) needs the
+    # class both know and the template inside tokenizer_config.json. Both forms, one text.
+    tc_path = out / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE)
+    tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
+    (out / "special_tokens_map.json").unlink(missing_ok=True)   # transformers 4 only: a duplicate
 
     config = MixtralConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                            eos_token_id=tokenizer.eos_token_id,
-                           pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16", **ARCH)
+                           pad_token_id=tokenizer.pad_token_id, dtype="bfloat16", **ARCH)
     config.architectures = ["MixtralForCausalLM"]
     torch.manual_seed(seed)
     with torch.device("cpu"):
@@ -98,7 +103,9 @@ def generate(out_dir, seed: int = 0, shards: int = SHARDS) -> Path:
                           max_shard_size=total // shards + (1 << 20))
     index = out / "model.safetensors.index.json"
     if not index.is_file():
-        raise SystemExit(f"models: {out}: save_pretrained wrote one file, not {shards} shards")
+        raise SystemExit(f"tiny_moe: {out}: save_pretrained wrote one file, not {shards} shards")
+    for f in out.iterdir():
+        f.chmod(0o644)        # safetensors writes 0600; a tree others (pods, a Hub) read
     return out
 
 
