@@ -26,8 +26,10 @@ def _show(args: argparse.Namespace) -> int:
     pins = Table(title=f"receipt {r.id} (measured {r.measured_on})", show_header=False)
     pins.add_row("model", f"{r.model.repo} ({r.model.quantization})")
     pins.add_row("weights", f"{r.model.shards} shards, {r.model.size_gb} GB, tree {r.model.tree_digest}")
-    pins.add_row("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit} "
-                 f"(PR {r.engine.pull_request}; excluded: {', '.join(r.engine.build_exclusions)})")
+    notes = ([f"PR {r.engine.pull_request}"] if r.engine.pull_request else []) + \
+        ([f"excluded: {', '.join(r.engine.build_exclusions)}"] if r.engine.build_exclusions else [])
+    pins.add_row("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit}"
+                 + (f" ({'; '.join(notes)})" if notes else ""))
     pins.add_row("hardware", f"{r.hardware.node}, {r.hardware.gpu_product_label}")
     pins.add_row("residency", f"{r.residency.weights_gib_per_gpu} GiB weights per GPU")
     pins.add_row("serve", "vllm serve " + " ".join(r.serve.engine_arg_tokens()))
