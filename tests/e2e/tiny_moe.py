@@ -15,6 +15,14 @@ The model's receipt is written from the TEMPLATE beside it (receipts/) and the l
 the generated tree, computed by `k3infra weights lock` (never typed), under the
 project's venv:
     .venv/bin/python -m tests.e2e.tiny_moe receipt MODEL_DIR --revision HEX40 --out DIR
+
+In an e2e (the Hub on the namespace's address, the stack on the test receipt):
+    files = hub_loopback.read_tree(model_dir)
+    revision = hub_loopback.tree_commit(files)
+    hub = hub_loopback.serve(model_dir, tiny_moe.REPO, revision, host=address)
+    receipt, lock = tiny_moe.write_receipt(model_dir, revision, out_dir)
+    env K3INFRA_RECEIPT=receipt for pulumi (program and pack) and k3infra;
+    config: tiny_moe.stack_overrides(receipt, revision, lock)
 """
 from __future__ import annotations
 
