@@ -28,7 +28,7 @@ def run(offline_render: bool = False) -> None:
     from k3infra.nodepool.base import pool_spec
     from k3infra.nodepool.cluster_access import cluster_provider
     from k3infra.nodepool.cluster_addons import ClusterAddons
-    from k3infra.receipt import load_receipt
+    from k3infra.receipt import ReceiptError, load_receipt
     from k3infra.stack import K3ServingStack
 
     try:
@@ -51,7 +51,7 @@ def run(offline_render: bool = False) -> None:
             stack = K3ServingStack(INSTANCE, cfg,
                                    pulumi.ResourceOptions(providers=providers, depends_on=depends_on),
                                    receipt=receipt, offline_render=offline_render)
-    except (ConfigError, GateError, HbmError, EngineBuildError) as exc:
+    except (ConfigError, GateError, HbmError, EngineBuildError, ReceiptError) as exc:
         # The CLI prints a RunError's message alone: a refusal is not a crash, and a
         # Python traceback would bury the key, the value and what is accepted.
         raise pulumi.RunError(f"k3infra: {exc}") from exc

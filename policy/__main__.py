@@ -6,7 +6,12 @@ program (`python -m pulumi.policy <engine> policy/`, which uses runpy with run_n
 "__main__"), and constructing the PolicyPack starts the analyzer's gRPC server and
 blocks; importing this file under any other name starts nothing.
 """
-from k3infra.policies import serve_pack
+from k3infra.receipt import ReceiptError
+
+try:
+    from k3infra.policies import serve_pack   # the policies read the chosen receipt
+except ReceiptError as exc:     # K3INFRA_RECEIPT names a bad file: one line, no traceback
+    raise SystemExit(f"k3infra policy pack: {exc}")
 
 if __name__ == "__main__":
     serve_pack()

@@ -3,6 +3,7 @@ receipt. Renders run the real stack program under the Pulumi SDK's mocks."""
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from k3infra.receipt import load_receipt
 from k3infra.render import Render, render_stack
 
 ROOT = Path(__file__).resolve().parent.parent
+# The suite asserts the shipped receipt: a K3INFRA_RECEIPT left in the shell must not
+# choose another (tests that choose one set it themselves).
+os.environ.pop("K3INFRA_RECEIPT", None)
 ALL_STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / "stacks" / "examples").glob("Pulumi.*.yaml"))
 # The one Docker-host stack (k3infra/host, tests/test_host.py); STACKS are the clusters.
 HOST_STACKS = ["host"]

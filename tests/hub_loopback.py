@@ -85,8 +85,14 @@ class Faults:
 class LoopbackHub:
     def __init__(self, repo: str, files: dict[str, bytes], commit: Optional[str] = None,
                  link_bytes_per_s: Optional[float] = None, advertise_xet: bool = False,
-                 redirect_lfs: bool = True):
+                 redirect_lfs: bool = True, host: str = "127.0.0.1", cdn_host: Optional[str] = None,
+                 port: int = 0):
         self.repo = repo
+        # host: where the Hub listens (a network namespace's own address, for pods); the
+        # CDN on another loopback address, or on the same host at another port (another
+        # origin all the same: the client does not follow the redirect itself).
+        self.host, self.port = host, port
+        self.cdn_host = cdn_host or (CDN_HOST if host == "127.0.0.1" else host)
         # redirect_lfs=False: LFS files are served at /resolve directly (no CDN hop), as an
         # in-cluster source (nginx in the Hub's layout) serves them.
         self.redirect_lfs = redirect_lfs
@@ -140,9 +146,9 @@ class LoopbackHub:
 
     # ---- lifecycle ----
     def start(self) -> "LoopbackHub":
-        for host, role in (("127.0.0.1", "hub"), (CDN_HOST, "cdn")):
+        for host, port, role in ((self.host, self.port, "hub"), (self.cdn_host, 0, "cdn")):
             handler = type(f"{role}Handler", (_Handler,), {"hub": self, "role": role})
-            server = ThreadingHTTPServer((host, 0), handler)
+            server = ThreadingHTTPServer((host, port), handler)
             server.daemon_threads = True
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
             self._servers.append(server)
@@ -379,12 +385,39 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
 
+def read_tree(model_dir) -> dict[str, bytes]:
+    """A local model directory as the Hub's file map (relative POSIX paths; hidden files
+    and huggingface_hub's local-dir metadata left out, as they are not in the repo)."""
+    from pathlib import Path
+
+    root = Path(model_dir)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
+
+
+def tree_commit(files: dict[str, bytes]) -> str:
+    """A 40-hex revision that changes with any file's content (like a git commit does)."""
+    return hashlib.sha1("".join(f"{p}\0{git_blob_id(d)}\n" for p, d in sorted(files.items()))
+                        .encode()).hexdigest()
+
+
+def serve(model_dir, repo: str, revision: Optional[str] = None, host: str = "127.0.0.1",
+          port: int = 0, **kwargs) -> LoopbackHub:
+    """A started Hub serving the files of model_dir as `repo` at a 40-hex revision
+    (default: tree_commit of the files). Stop it with .stop() (or use it as a context)."""
+    files = read_tree(model_dir)
+    revision = revision or tree_commit(files)
+    if not re.fullmatch(r"[0-9a-f]{40}", revision):
+        raise ValueError(f"revision {revision!r}: a Hub revision here is a 40-hex commit")
+    return LoopbackHub(repo, files, commit=revision, host=host, port=port, **kwargs).start()
+
+
 def environment(hub: LoopbackHub, home: str, token: Optional[str] = None) -> dict:
     """Environment for a client process pointed at the loopback Hub."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    direct = ",".join(dict.fromkeys(["127.0.0.1", "127.0.0.2", hub.host, hub.cdn_host]))
     env.update({"HF_ENDPOINT": hub.endpoint, "HF_HOME": home,
-                "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,127.0.0.2",
-                "no_proxy": "127.0.0.1,127.0.0.2"})
+                "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": direct, "no_proxy": direct})
     if token:
         env["HF_TOKEN"] = token
     return env

@@ -66,7 +66,8 @@ def test_running_main_as_pulumi_does_builds_the_pack(recorder):
 def test_main_is_thin():
     code = [line for line in MAIN.read_text().split('"""')[-1].splitlines()
             if line.strip() and not line.strip().startswith("#")]
-    assert len(code) <= 3 and any("k3infra.policies" in line for line in code)
+    # The import, the call, and the guard that turns a bad K3INFRA_RECEIPT into one line.
+    assert len(code) <= 7 and any("k3infra.policies" in line for line in code)
 
 
 def test_pack_project_file():

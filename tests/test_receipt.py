@@ -70,3 +70,50 @@ def test_receipt_show(capsys):
     assert main(["receipt", "show"]) == 0
     out = capsys.readouterr().out
     assert "f68f4fdd" in out and "18695" in out and "Not measured" in out
+
+
+# --- the chosen receipt: K3INFRA_RECEIPT, read in load_receipt() only -------------------
+
+def _other_receipt(tmp_path, **changes):
+    data = copy.deepcopy(_raw())
+    data.update(changes)
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_k3infra_receipt_chooses_the_receipt_everywhere(tmp_path, monkeypatch):
+    from k3infra.policies import drift, hardware
+
+    mine = _other_receipt(tmp_path, id="my-node-2026-08-01")
+    monkeypatch.setenv("K3INFRA_RECEIPT", str(mine))
+    assert load_receipt().id == "my-node-2026-08-01"
+    # Policies read it when they run, not when they were imported.
+    assert drift._receipt().id == "my-node-2026-08-01"
+    assert hardware._gpus() == 8
+    monkeypatch.setenv("K3INFRA_RECEIPT", "")
+    assert load_receipt().id == "kimi-k3-8xb300-2026-07-29" == drift._receipt().id
+
+
+@pytest.mark.parametrize("text,problem", [
+    (None, "cannot be read: No such file or directory"),
+    ("schema: [unclosed", "not YAML: "),
+    ("- a list", "not a mapping (a k3infra.receipt/v1 document)"),
+    ("schema: k3infra.receipt/v1\nid: Bad\n", "id: String should match pattern"),
+])
+def test_a_bad_chosen_receipt_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys,
+                                                          text, problem):
+    path = tmp_path / "r.yaml"
+    if text is not None:
+        path.write_text(text)
+    monkeypatch.setenv("K3INFRA_RECEIPT", str(path))
+    assert main(["receipt", "show"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"k3infra receipt: receipt {path} (from K3INFRA_RECEIPT): {problem}")
+    assert err.count("\n") == 1
+
+
+def test_receipt_show_names_the_chosen_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("K3INFRA_RECEIPT", str(_other_receipt(tmp_path, id="my-node")))
+    assert main(["receipt", "show"]) == 0
+    assert "receipt my-node (measured 2026-07-29)" in capsys.readouterr().out

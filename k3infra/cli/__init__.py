@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"k3infra {args.command}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        # K3INFRA_RECEIPT (or --receipt) names a bad receipt: one line, like bad input.
+        # Looked up, not imported: `weights verify` in a pod never loads pydantic.
+        receipt = sys.modules.get("k3infra.receipt")
+        if receipt is not None and isinstance(exc, receipt.ReceiptError):
+            print(f"k3infra {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -46,7 +46,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     cmp = sub.add_parser("compare", help="judge a run against the receipt's accuracy baseline")
     cmp.add_argument("result", type=Path, metavar="RUN_DIR",
                      help="a run directory (scores.json, SHA256SUMS)")
-    cmp.add_argument("--receipt", help="the receipt holding the baseline (default: shipped)")
+    cmp.add_argument("--receipt", help="the receipt holding the baseline (default: $K3INFRA_RECEIPT, else the shipped one)")
     cmp.add_argument("--accept", action="store_true",
                      help="no baseline yet: write this run into a copy of the receipt (--out)")
     cmp.add_argument("--out", type=Path, help="the receipt YAML --accept writes")
@@ -156,9 +156,9 @@ def write_baseline(base: str | None, section: dict, out: Path) -> Path:
     validated by loading it back before it is left in place."""
     import yaml
 
-    from k3infra.receipt import load_receipt, receipt_path
+    from k3infra.receipt import chosen_receipt_path, load_receipt
 
-    text = Path(base).read_text() if base else receipt_path().read_text()
+    text = Path(base).read_text() if base else chosen_receipt_path().read_text()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text.rstrip("\n") + "\n# The first accepted accuracy smoke test "

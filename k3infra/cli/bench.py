@@ -22,7 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                           "(default: k3:benchmark.tolerancePct's default, 10)")
     cmp.add_argument("--plot", type=Path, metavar="FILE.png",
                      help="draw per-request latencies against the receipt's p50/p99")
-    cmp.add_argument("--receipt", help="another receipt file of the same schema")
+    cmp.add_argument("--receipt", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
     cmp.add_argument("--topology", choices=("single-node", "multi-node"),
                      help="the serving topology of files that do not record it (k3_topology); "
                           "multi-node marks the comparison cross-topology")
@@ -32,7 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
     rec.add_argument("--out", required=True, type=Path, help="the receipt YAML to write")
     rec.add_argument("--id", required=True, help="the new receipt's id (lowercase, digits, . -)")
-    rec.add_argument("--base", help="the receipt to start from (default: the shipped one)")
+    rec.add_argument("--base", help="the receipt to start from (default: $K3INFRA_RECEIPT, else the shipped one)")
     rec.add_argument("--statefulset", type=Path,
                      help="the serving StatefulSet as deployed (kubectl get sts -o json): "
                           "its vllm serve flags and env become the receipt's")

@@ -6,8 +6,8 @@ import argparse
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="receipt_command", required=True)
-    show = sub.add_parser("show", help="print the shipped receipt")
-    show.add_argument("--file", help="another receipt file of the same schema")
+    show = sub.add_parser("show", help="print the chosen receipt ($K3INFRA_RECEIPT, else the shipped one)")
+    show.add_argument("--file", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
     show.add_argument("--yaml", action="store_true", help="print the raw YAML")
     show.set_defaults(func=_show)
 
@@ -16,18 +16,20 @@ def _show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from k3infra.receipt import load_receipt, receipt_path
+    from k3infra.receipt import chosen_receipt_path, load_receipt
 
+    r = load_receipt(args.file)          # a bad file: one line (ReceiptError), not a traceback
     if args.yaml:
-        print(open(args.file or receipt_path()).read(), end="")
+        print(open(args.file or chosen_receipt_path()).read(), end="")
         return 0
-    r = load_receipt(args.file)
     console = Console()
     pins = Table(title=f"receipt {r.id} (measured {r.measured_on})", show_header=False)
     pins.add_row("model", f"{r.model.repo} ({r.model.quantization})")
     pins.add_row("weights", f"{r.model.shards} shards, {r.model.size_gb} GB, tree {r.model.tree_digest}")
-    pins.add_row("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit} "
-                 f"(PR {r.engine.pull_request}; excluded: {', '.join(r.engine.build_exclusions)})")
+    notes = ([f"PR {r.engine.pull_request}"] if r.engine.pull_request else []) + \
+        ([f"excluded: {', '.join(r.engine.build_exclusions)}"] if r.engine.build_exclusions else [])
+    pins.add_row("engine", f"{r.engine.name} {r.engine.version} @ {r.engine.commit}"
+                 + (f" ({'; '.join(notes)})" if notes else ""))
     pins.add_row("hardware", f"{r.hardware.node}, {r.hardware.gpu_product_label}")
     pins.add_row("residency", f"{r.residency.weights_gib_per_gpu} GiB weights per GPU")
     pins.add_row("serve", "vllm serve " + " ".join(r.serve.engine_arg_tokens()))

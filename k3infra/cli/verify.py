@@ -29,7 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "program's instance, kimi-k3)")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
-    parser.add_argument("--receipt", help="another receipt file of the same schema")
+    parser.add_argument("--receipt", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
     parser.add_argument("--engine-image", help="the image you expect (repo@sha256:...)")
     parser.add_argument("--lock", type=Path,
                         help="the weights lock file (default: the lock on the weights volume)")

@@ -274,8 +274,10 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
             engine_version=version, engine_commit=None, image=cfg.engine_image)
 
     measured = cfg.profile == "measured"
-    engine = f"vLLM {e.version} @ {e.commit} (PR {e.pull_request}, " \
-             f"without {', '.join(e.build_exclusions)})"
+    # A released engine (PR 0) or one built whole says nothing of a PR or an exclusion.
+    notes = ([f"PR {e.pull_request}"] if e.pull_request else []) + \
+        ([f"without {', '.join(e.build_exclusions)}"] if e.build_exclusions else [])
+    engine = f"vLLM {e.version} @ {e.commit}" + (f" ({', '.join(notes)})" if notes else "")
     how = {"prebuilt": "prebuilt image, audit its labels",
            "in-cluster": "built in-cluster by BuildKit",
            "local": "built on the operator's machine"}[eng.build]

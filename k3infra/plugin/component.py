@@ -2,7 +2,8 @@
 
 Pulumi's component provider calls `Component(name, args, opts)` and infers the schema
 from the annotations of `args` and of the class, with the docstrings under them. This
-is k3infra's `K3ServingStack` with the shipped receipt (`load_receipt()`), typed args
+is k3infra's `K3ServingStack` with the chosen receipt (`load_receipt()`: $K3INFRA_RECEIPT,
+else the shipped one), typed args
 (`shapes.K3ServingStackArgs`) and its outputs declared again with descriptions; it
 registers the same type token (`k3infra:index:K3ServingStack`), so a program in
 TypeScript, Go or YAML builds exactly what a Python program builds with the same args,

@@ -5,6 +5,11 @@ The policies are plain pulumi-policy objects, importable without starting anythi
 `policy/__main__.py` serves them to `pulumi preview --policy-pack policy/`, and
 `k3infra policy check DIR` (runner.py) feeds a render's plan.json through the very same
 objects with pulumi-policy's own argument types.
+
+Every policy judges against the chosen receipt (k3infra.receipt.load_receipt():
+$K3INFRA_RECEIPT, else the shipped one), read when it runs. Descriptions and config
+defaults are of the receipt chosen when this package was imported: the same one in the
+pack's own process, which the Pulumi CLI starts with the user's environment.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from k3infra.policies import host, stack_config
 from k3infra.policies.workloads import Workload, get, items, kind_of, label_selector_matches, workloads
 from k3infra.receipt import load_receipt
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 
 
 def _serving(args: StackValidationArgs) -> list[tuple[PolicyResource, Workload]]:
@@ -62,7 +62,7 @@ network_policy = StackValidationPolicy(
     name="k3-network-policy",
     description=("A NetworkPolicy selects the serving pods and restricts ingress (no rule that "
                  "admits every source): the OpenAI-compatible port serves "
-                 f"{_R.model.repo} to anyone who can reach it, and /health and /metrics stay "
+                 f"{_receipt().model.repo} to anyone who can reach it, and /health and /metrics stay "
                  "open even with an API key."),
     validate=_network_policy,
     enforcement_level=EnforcementLevel.MANDATORY,
@@ -79,8 +79,8 @@ def _disruption_budget(args: StackValidationArgs, report: ReportViolation) -> No
 disruption_budget = StackValidationPolicy(
     name="k3-disruption-budget",
     description=("A PodDisruptionBudget covers the serving pods: each is a whole "
-                 f"{_R.measured_gpu.gpus_per_node}-GPU node that takes the "
-                 f"{_R.model.size_gb:g} GB weights load and graph capture to come back, so a "
+                 f"{_receipt().measured_gpu.gpus_per_node}-GPU node that takes the "
+                 f"{_receipt().model.size_gb:g} GB weights load and graph capture to come back, so a "
                  "node drain must not take several replicas at once."),
     validate=_disruption_budget,
     enforcement_level=EnforcementLevel.MANDATORY,
@@ -92,13 +92,13 @@ def _license(args: StackValidationArgs, report: ReportViolation) -> None:
     if not _serving(args) and not any(host.serves(r.resource_type, r.props) for r in args.resources):
         return
     if not stack_config.license_accepted():
-        report(f"k3:acceptModelLicense is not true. {license_text(_R)}", None)
+        report(f"k3:acceptModelLicense is not true. {license_text(_receipt())}", None)
 
 
 license_acknowledged = StackValidationPolicy(
     name="k3-license-acknowledged",
-    description=(f"The stack acknowledges the {_R.license.name} (k3:acceptModelLicense): "
-                 f"{_R.license.thresholds_text()}. Advisory: the acknowledgement is the "
+    description=(f"The stack acknowledges the {_receipt().license.name} (k3:acceptModelLicense): "
+                 f"{_receipt().license.thresholds_text()}. Advisory: the acknowledgement is the "
                  "deployer's statement, and `pulumi up` already refuses without it."),
     validate=_license,
     enforcement_level=EnforcementLevel.ADVISORY,

@@ -17,7 +17,7 @@ from k3infra.policies.workloads import (LEADER_WORKER_SET, PROFILE_ANNOTATION, g
 from k3infra.receipt import load_receipt
 from k3infra.weights.manifests import LOCK_KEY, WeightsLayout
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 REVISION_ANNOTATION = "k3infra.dev/weights-revision"
 DIGEST_ANNOTATION = "k3infra.dev/tree-digest"
 # The weights runtime's contract with its containers (k3infra/weights/manifests.py).
@@ -26,9 +26,9 @@ TREE_ENV, REVISION_ENV, REPO_ENV, EXPECT_DIGEST_ENV = (
 
 
 def _measured_text() -> str:
-    env = " ".join(f"{e.name}={e.value}" for e in _R.serve.engine_env)
-    return (f"`vllm serve <model> {' '.join(_R.serve.engine_arg_tokens())}` with {env}, in that "
-            f"order (receipt {_R.id}, engine {_R.engine.version} @ {_R.engine.commit})")
+    env = " ".join(f"{e.name}={e.value}" for e in _receipt().serve.engine_env)
+    return (f"`vllm serve <model> {' '.join(_receipt().serve.engine_arg_tokens())}` with {env}, in that "
+            f"order (receipt {_receipt().id}, engine {_receipt().engine.version} @ {_receipt().engine.commit})")
 
 
 # --- serve flags and env --------------------------------------------------------------
@@ -42,7 +42,7 @@ def _serve_flags(custom: bool) -> Callable[[ResourceValidationArgs, ReportViolat
                     wl.annotation(PROFILE_ANNOTATION)) == "custom") != custom:
                 continue
             for c in wl.vllm_servers():
-                problems = serve_drift(_R, c.serve_tokens() or [], c.env(),
+                problems = serve_drift(_receipt(), c.serve_tokens() or [], c.env(),
                                        bool(items(get(c.spec, "envFrom"))))
                 for problem in problems:
                     prefix = ("profile custom, NOT the measured configuration: " if custom
@@ -78,10 +78,10 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
             continue
         profile = stack_config.effective_profile(wl.annotation(PROFILE_ANNOTATION))
         # An upstream image is not built from the receipt's commit and must not say so.
-        expected = {"k3infra.dev/receipt": _R.id,
+        expected = {"k3infra.dev/receipt": _receipt().id,
                     "k3infra.dev/engine-commit":
-                        None if profile == "upstream" else _R.engine.commit,
-                    "k3infra.dev/weights-repo": _R.model.repo,
+                        None if profile == "upstream" else _receipt().engine.commit,
+                    "k3infra.dev/weights-repo": _receipt().model.repo,
                     # A multi-node group is never the measured configuration.
                     "k3infra.dev/measured-configuration":
                         "true" if profile == "measured" and wl.kind != LEADER_WORKER_SET
@@ -95,9 +95,9 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
 
 receipt_annotations = ResourceValidationPolicy(
     name="k3-receipt-annotations",
-    description=(f"Serving pods carry the receipt they reproduce (k3infra.dev/receipt = {_R.id}, "
-                 f"engine commit {_R.engine.commit} unless upstream, weights repo "
-                 f"{_R.model.repo}) and say "
+    description=(f"Serving pods carry the receipt they reproduce (k3infra.dev/receipt = {_receipt().id}, "
+                 f"engine commit {_receipt().engine.commit} unless upstream, weights repo "
+                 f"{_receipt().model.repo}) and say "
                  "honestly whether they are the measured configuration: `k3infra verify` and "
                  "operators read these labels."),
     validate=_receipt_annotations,
@@ -120,7 +120,7 @@ def _lock(props: Mapping) -> Optional[dict]:
 
 def _revision_sightings(args: StackValidationArgs) -> list[tuple[str, str, str]]:
     """(urn, where, revision) for every place the stack names the weights revision."""
-    repo_dir = WeightsLayout(_R.model.repo, "x").repo_dir
+    repo_dir = WeightsLayout(_receipt().model.repo, "x").repo_dir
     out = []
     for res in args.resources:
         if kind_of(res.resource_type) == "ConfigMap":
@@ -139,9 +139,9 @@ def _revision_sightings(args: StackValidationArgs) -> list[tuple[str, str, str]]
                     out.append((res.urn, f"{wl.kind} {wl.name} container {c.name} env "
                                 f"{REVISION_ENV}", rev))
                 repo = c.env_value(REPO_ENV)
-                if repo is not None and repo != _R.model.repo:
+                if repo is not None and repo != _receipt().model.repo:
                     out.append((res.urn, f"{wl.kind} {wl.name} container {c.name} env "
-                                f"{REPO_ENV} = {repo!r}, not the receipt's {_R.model.repo}", ""))
+                                f"{REPO_ENV} = {repo!r}, not the receipt's {_receipt().model.repo}", ""))
                 tokens = c.serve_tokens()
                 if tokens:
                     model = tokens[0]
@@ -149,7 +149,7 @@ def _revision_sightings(args: StackValidationArgs) -> list[tuple[str, str, str]]
                     where = f"{wl.kind} {wl.name} container {c.name} model directory {model!r}"
                     if parent != repo_dir:
                         out.append((res.urn, f"{where} is not under {repo_dir} (the receipt's "
-                                    f"{_R.model.repo})", ""))
+                                    f"{_receipt().model.repo})", ""))
                     else:
                         out.append((res.urn, where, rev))
     return out
@@ -170,7 +170,7 @@ def _weights_revision(args: StackValidationArgs, report: ReportViolation) -> Non
 
 weights_revision = StackValidationPolicy(
     name="k3-weights-revision",
-    description=(f"The weights are {_R.model.repo} at one 40-hex Hub commit everywhere (prefetch "
+    description=(f"The weights are {_receipt().model.repo} at one 40-hex Hub commit everywhere (prefetch "
                  "Job, verifying gate, model directory, lock, annotations). The receipt does "
                  "not publish its commit, so a deployer pins one; a branch such as `main` moves "
                  "and would serve bytes nobody measured."),
@@ -191,7 +191,7 @@ def _stack_profile(args: StackValidationArgs) -> str:
 
 
 def _digest_problems(args: StackValidationArgs) -> list[tuple[str, str]]:
-    want = _R.model.tree_digest
+    want = _receipt().model.tree_digest
     problems = []
     weights_containers = 0
     for res in args.resources:
@@ -230,8 +230,8 @@ def _tree_digest(custom: bool) -> Callable[[StackValidationArgs, ReportViolation
 tree_digest = StackValidationPolicy(
     name="k3-tree-digest",
     description=(f"Every weights container (prefetch Job, serving gate) verifies the tree "
-                 f"against the receipt's published digest {_R.model.tree_digest} "
-                 f"({_R.model.shards} {_R.model.shard_format} shards, {_R.model.size_gb:g} GB), "
+                 f"against the receipt's published digest {_receipt().model.tree_digest} "
+                 f"({_receipt().model.shards} {_receipt().model.shard_format} shards, {_receipt().model.size_gb:g} GB), "
                  "and a shipped lock and the pod annotations carry the same digest. Mandatory "
                  "for the measured and upstream profiles."),
     validate=_tree_digest(custom=False),
@@ -241,7 +241,7 @@ tree_digest = StackValidationPolicy(
 tree_digest_custom = StackValidationPolicy(
     name="k3-tree-digest-custom",
     description=(f"A stack with profile custom may serve another weights tree; where it does "
-                 f"not check the receipt's digest {_R.model.tree_digest} this is listed. "
+                 f"not check the receipt's digest {_receipt().model.tree_digest} this is listed. "
                  "Advisory: profile custom is an explicit choice."),
     validate=_tree_digest(custom=True),
     enforcement_level=EnforcementLevel.ADVISORY,

@@ -14,7 +14,7 @@ from k3infra.policies.workloads import (Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
 from k3infra.receipt import load_receipt
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 
 # Service types that publish the pods beyond the cluster network's own addresses.
 _EXPOSING_TYPES = {"NodePort", "LoadBalancer", "ExternalName"}
@@ -101,7 +101,7 @@ def _front_door(args: StackValidationArgs, report: ReportViolation) -> None:
 gateway_front_door = StackValidationPolicy(
     name="k3-gateway-front-door",
     description=("With an InferencePool over the serving pods (k3:gateway.enabled), nothing but "
-                 f"the gateway's proxies reaches the API port serving {_R.model.repo} from "
+                 f"the gateway's proxies reaches the API port serving {_receipt().model.repo} from "
                  "outside the namespace: no "
                  "NodePort / LoadBalancer / ExternalName Service or externalIPs selects them, and "
                  "their NetworkPolicies admit only pods of the namespace and the gateway's proxy "

@@ -13,7 +13,7 @@ from k3infra.policies.drift import TREE_ENV
 from k3infra.policies.workloads import Container, Workload, get, kind_of, workloads
 from k3infra.receipt import load_receipt
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 GATE_LOCK_ENV = "K3_GATE_LOCK"
 # pulumi-kubernetes waits for a Job to complete unless this annotation says not to.
 SKIP_AWAIT = "pulumi.com/skipAwait"
@@ -98,7 +98,7 @@ serving_gate = StackValidationPolicy(
                  f"(which Pulumi awaits) for the model directory it serves, and every vLLM "
                  f"container runs the weights gate in its own command before `vllm serve` "
                  f"(so on restarts too), on a read-only mount, so no engine start ever loads "
-                 f"a partial or altered copy of the {_R.model.size_gb:g} GB {_R.model.repo} "
+                 f"a partial or altered copy of the {_receipt().model.size_gb:g} GB {_receipt().model.repo} "
                  f"tree."),
     validate=_serving_gate,
     enforcement_level=EnforcementLevel.MANDATORY,

@@ -16,8 +16,13 @@ from k3infra.policies.workloads import LEADER_WORKER_SET, as_int, get, items, wo
 from k3infra.receipt import load_receipt
 from k3infra.serving import startup as budgets
 
-_R = load_receipt()
-_GPUS = _R.measured_gpu.gpus_per_node
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
+
+
+def _gpus() -> int:
+    return _receipt().measured_gpu.gpus_per_node
+
+
 ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
 # Kubernetes' probe defaults when a field is left out.
 _PROBE_DEFAULTS = {"periodSeconds": 10, "failureThreshold": 3, "initialDelaySeconds": 0}
@@ -29,12 +34,12 @@ def _gpu_count(args: ResourceValidationArgs, report: ReportViolation) -> None:
     for wl in workloads(args.resource_type, args.props):
         group = wl.kind == LEADER_WORKER_SET
         # A multi-node group: nodesPerReplica pods x gpusPerNode = the receipt's TP world.
-        want = topology.GPUS_PER_NODE if group else _GPUS
+        want = topology.GPUS_PER_NODE if group else _gpus()
         if group and wl.role == "leader" and wl.vllm_servers():
             size = as_int(get(args.props, "spec", "leaderWorkerTemplate", "size"))
             if size != topology.NODES_PER_REPLICA:
                 report(f"{wl.kind} {wl.name}: leaderWorkerTemplate.size is {size!r}, expected "
-                       f"{topology.NODES_PER_REPLICA} pods x {want} GPUs = TP{_GPUS}", None)
+                       f"{topology.NODES_PER_REPLICA} pods x {want} GPUs = TP{_gpus()}", None)
         for c in wl.vllm_servers():
             for part in ("requests", "limits"):
                 found = get(c.spec, "resources", part, GPU_RESOURCE)
@@ -46,9 +51,9 @@ def _gpu_count(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 gpu_count = ResourceValidationPolicy(
     name="k3-gpu-count",
-    description=(f"Each serving pod requests and limits exactly {_GPUS} {GPU_RESOURCE}: the "
-                 f"receipt ran tensor parallel {_GPUS} with expert parallelism on one "
-                 f"{_R.hardware.node}, with {_R.residency.weights_gib_per_gpu:.2f} GiB of "
+    description=(f"Each serving pod requests and limits exactly {_gpus()} {GPU_RESOURCE}: the "
+                 f"receipt ran tensor parallel {_gpus()} with expert parallelism on one "
+                 f"{_receipt().hardware.node}, with {_receipt().residency.weights_gib_per_gpu:.2f} GiB of "
                  "weights on every GPU."),
     validate=_gpu_count,
     enforcement_level=EnforcementLevel.MANDATORY,
@@ -58,13 +63,14 @@ gpu_count = ResourceValidationPolicy(
 # --- GPU product ---------------------------------------------------------------------------
 
 # Multi-node groups (k3:topology = multi-node) run on the receipt's 4-GPU products.
-_MULTI_NODE_PRODUCTS = sorted(p for p, spec in _R.gpus.items()
-                              if spec.gpus_per_node == topology.GPUS_PER_NODE)
+def _multi_node_products() -> list[str]:
+    return sorted(p for p, spec in _receipt().gpus.items()
+                  if spec.gpus_per_node == topology.GPUS_PER_NODE)
 
 
 def _allowed_products(args, group: bool = False) -> list[str]:
-    key, default = (("allowedMultiNodeProducts", _MULTI_NODE_PRODUCTS) if group
-                    else ("allowedProducts", [_R.hardware.gpu_product_label]))
+    key, default = (("allowedMultiNodeProducts", _multi_node_products()) if group
+                    else ("allowedProducts", [_receipt().hardware.gpu_product_label]))
     found = args.get_config().get(key)
     return [str(p) for p in items(found)] if found is not None else list(default)
 
@@ -93,19 +99,19 @@ def _gpu_product(args: ResourceValidationArgs, report: ReportViolation) -> None:
 gpu_product = ResourceValidationPolicy(
     name="k3-gpu-product",
     description=(f"Serving pods are scheduled only onto the allowed B300 GPU products "
-                 f"(default: the receipt's {_R.hardware.gpu_product_label}, compute capability "
-                 f"{_R.hardware.compute_capability}) through a required node affinity: 8x B200 "
+                 f"(default: the receipt's {_receipt().hardware.gpu_product_label}, compute capability "
+                 f"{_receipt().hardware.compute_capability}) through a required node affinity: 8x B200 "
                  "does not fit the weights and 4-GPU GB300 nodes cannot hold one replica."),
     validate=_gpu_product,
     enforcement_level=EnforcementLevel.MANDATORY,
     config_schema=PolicyConfigSchema(properties={
         "allowedProducts": {
             "type": "array", "items": {"type": "string"}, "minItems": 1,
-            "default": [_R.hardware.gpu_product_label],
+            "default": [_receipt().hardware.gpu_product_label],
             "description": "nvidia.com/gpu.product values serving pods may run on"},
         "allowedMultiNodeProducts": {
             "type": "array", "items": {"type": "string"}, "minItems": 1,
-            "default": _MULTI_NODE_PRODUCTS,
+            "default": _multi_node_products(),
             "description": "nvidia.com/gpu.product values the pods of a multi-node group "
                            "(LeaderWorkerSet) may run on"}}),
 )
@@ -127,9 +133,9 @@ def _hbm_fit(args: StackValidationArgs, report: ReportViolation) -> None:
             for product in sorted({p for t in terms for p in t}):
                 try:
                     if wl.kind == LEADER_WORKER_SET:     # summed over the NVLink domain
-                        topology.domain_fit(_R, product, memory)
+                        topology.domain_fit(_receipt(), product, memory)
                     else:
-                        hbm_fit(_R, product, memory)
+                        hbm_fit(_receipt(), product, memory)
                 except (HbmError, ConfigError) as exc:
                     report(f"{wl.kind} {wl.name}: {exc}", res.urn)
 
@@ -137,7 +143,7 @@ def _hbm_fit(args: StackValidationArgs, report: ReportViolation) -> None:
 hbm_fit_policy = StackValidationPolicy(
     name="k3-hbm-fit",
     description=(f"Every GPU product a serving pod may land on holds the receipt's "
-                 f"{_R.residency.weights_gib_per_gpu:.2f} GiB of weights per GPU at TP{_GPUS}+EP "
+                 f"{_receipt().residency.weights_gib_per_gpu:.2f} GiB of weights per GPU at TP{_gpus()}+EP "
                  "with headroom for the KV cache (k3infra.hbm): the receipt's attempts on 8x "
                  "B200 failed because the weights alone filled the free memory."),
     validate=_hbm_fit,
@@ -164,7 +170,7 @@ def _dev_shm(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 dev_shm = ResourceValidationPolicy(
     name="k3-dev-shm",
-    description=(f"/dev/shm of every vLLM server is a memory-backed emptyDir: the {_GPUS} tensor-"
+    description=(f"/dev/shm of every vLLM server is a memory-backed emptyDir: the {_gpus()} tensor-"
                  "parallel workers and NCCL exchange through shared memory, and a container "
                  "runtime's 64 MiB default fails them."),
     validate=_dev_shm,
@@ -179,7 +185,7 @@ def required_budget(args, pods: int = 1) -> budgets.StartupBudget:
     override = args.get_config().get("storageReadGBps")
     if override is not None:
         serving = serving.model_copy(update={"storage_read_gbps": float(override)})
-    return budgets.startup_budget(_R, serving, stack_config.cold_start(),
+    return budgets.startup_budget(_receipt(), serving, stack_config.cold_start(),
                                   stack_config.weights().gate_mode, pods)
 
 
@@ -226,7 +232,7 @@ def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> No
 startup_budget = ResourceValidationPolicy(
     name="k3-startup-budget",
     description=(f"{ENGINE_READY_ENV} covers the engine's load of the receipt's "
-                 f"{_R.model.size_gb:g} GB, compile and profiling, and the vLLM startupProbe "
+                 f"{_receipt().model.size_gb:g} GB, compile and profiling, and the vLLM startupProbe "
                  "(initialDelaySeconds + periodSeconds x failureThreshold) outlasts the weights "
                  "gate plus that deadline, each phase budgeted from the stack's k3:serving and "
                  "k3:coldStart (k3infra.serving.startup): nothing listens until the load and "

@@ -24,7 +24,7 @@ from k3infra.policies.workloads import get, items
 from k3infra.receipt import load_receipt
 from k3infra.serve_argv import serve_args_of
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 CONTAINER = "docker:index/container:Container"
 REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 # The variables the weights gate reads before `exec vllm serve` (vLLM reads no K3_*).
@@ -91,7 +91,7 @@ def _serve(args: ResourceValidationArgs, report: ReportViolation) -> None:
         env_checked: list[dict] = []
     else:
         env_checked = [e for e in env if not e["name"].startswith(GATE_ENV_PREFIX)]
-    for problem in serve_drift(_R, tokens, env_checked):
+    for problem in serve_drift(_receipt(), tokens, env_checked):
         if env is None and problem.startswith("engine env"):
             continue   # the env list is secret here; the real preview sees it
         report(f"{_name(args)}: {problem}", None)
@@ -138,27 +138,27 @@ def _ports(args: ResourceValidationArgs, report: ReportViolation) -> None:
 host_image_digest = ResourceValidationPolicy(
     name="k3-host-image-digest",
     description=(f"Docker host: every container image and pulled image is pinned by digest "
-                 f"(no tag, no `latest`): the receipt's engine is one build ({_R.engine.name} "
-                 f"{_R.engine.version} @ {_R.engine.commit})."),
+                 f"(no tag, no `latest`): the receipt's engine is one build ({_receipt().engine.name} "
+                 f"{_receipt().engine.version} @ {_receipt().engine.commit})."),
     validate=_images, enforcement_level=EnforcementLevel.MANDATORY)
 
 host_serve_flags = ResourceValidationPolicy(
     name="k3-host-serve-flags",
     description=(f"Docker host: the serving container runs `vllm serve` with receipt "
-                 f"{_R.id}'s engine flags and env exactly and in order; beyond them only "
+                 f"{_receipt().id}'s engine flags and env exactly and in order; beyond them only "
                  "allow-listed surface flags and env (and the weights gate's K3_* inputs)."),
     validate=_serve, enforcement_level=EnforcementLevel.MANDATORY)
 
 host_container_safety = ResourceValidationPolicy(
     name="k3-host-container-safety",
-    description=(f"Docker host: no privileged container (the {_R.measured_gpu.gpus_per_node} "
+    description=(f"Docker host: no privileged container (the {_receipt().measured_gpu.gpus_per_node} "
                  "GPUs come through the NVIDIA runtime's device requests), no added "
                  "capabilities, no host PID/IPC/user namespace, host network only when chosen."),
     validate=_safety, enforcement_level=EnforcementLevel.MANDATORY)
 
 host_port_binding = ResourceValidationPolicy(
     name="k3-host-port-binding",
-    description=(f"Docker host serving receipt {_R.id}: ports are published on a chosen "
+    description=(f"Docker host serving receipt {_receipt().id}: ports are published on a chosen "
                  "address (127.0.0.1 by default); every interface only with "
                  "k3:host.publishAllInterfaces = true."),
     validate=_ports, enforcement_level=EnforcementLevel.MANDATORY)

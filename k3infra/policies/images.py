@@ -9,7 +9,7 @@ from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidation
 from k3infra.policies.workloads import get, workloads
 from k3infra.receipt import load_receipt
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 DIGEST_REF = re.compile(r"^(?P<name>[^@\s]+)@sha256:[0-9a-f]{64}$")
 
 
@@ -37,8 +37,8 @@ def _validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
 image_digest = ResourceValidationPolicy(
     name="k3-image-digest",
     description=(f"Every container image is pinned by digest (no tag-only reference, no "
-                 f"`latest`): the receipt's engine is one build ({_R.engine.name} "
-                 f"{_R.engine.version} @ {_R.engine.commit}) and only a digest names the same "
+                 f"`latest`): the receipt's engine is one build ({_receipt().engine.name} "
+                 f"{_receipt().engine.version} @ {_receipt().engine.commit}) and only a digest names the same "
                  "bytes on every node and every restart."),
     validate=_validate,
     enforcement_level=EnforcementLevel.MANDATORY,

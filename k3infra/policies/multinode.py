@@ -13,7 +13,7 @@ from k3infra.policies.workloads import LEADER_WORKER_SET, Workload, get, items, 
 from k3infra.receipt import load_receipt
 from k3infra.serving.group import multi_node_args
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 _NOT_MEASURED = "multi-node, NOT the measured configuration: "
 _RANKS = {"leader": 0, "worker": 1}
 
@@ -44,7 +44,7 @@ def _serve_flags(args: ResourceValidationArgs, report: ReportViolation) -> None:
                        f"{topology.NODES_PER_REPLICA}); found `{' '.join(tokens[-len(tail):])}`",
                        None)
                 continue
-            for problem in serve_drift(_R, tokens[:-len(tail)], c.env(),
+            for problem in serve_drift(_receipt(), tokens[:-len(tail)], c.env(),
                                        bool(items(get(c.spec, "envFrom")))):
                 report(f"{where}{problem}", None)
 
@@ -52,7 +52,7 @@ def _serve_flags(args: ResourceValidationArgs, report: ReportViolation) -> None:
 serve_flags_multi_node = ResourceValidationPolicy(
     name="k3-serve-flags-multi-node",
     description=("Both pods of a multi-node replica (LeaderWorkerSet) run the receipt's engine "
-                 f"path exactly (`{' '.join(_R.serve.engine_arg_tokens())}`, receipt {_R.id}), "
+                 f"path exactly (`{' '.join(_receipt().serve.engine_arg_tokens())}`, receipt {_receipt().id}), "
                  "as k3-serve-flags requires of a single node, and then exactly "
                  f"vLLM's multi-node arguments: {_multi_node_text()}. Mandatory: a multi-node "
                  "replica is not the measured configuration, but nothing else may change."),
@@ -115,7 +115,7 @@ nvlink_domain = ResourceValidationPolicy(
                  "(k3:multiNode.domainLabel, default nvidia.com/gpu.clique), the worker lands in "
                  "its leader's domain (pod affinity on that label), and every pod claims its "
                  "ComputeDomain's IMEX channel: the receipt's TP8+EP world, "
-                 f"{_R.residency.weights_gib_per_gpu:.2f} GiB of weights per GPU, split over "
+                 f"{_receipt().residency.weights_gib_per_gpu:.2f} GiB of weights per GPU, split over "
                  "two trays needs one NVLink domain, never the network between racks."),
     validate=_nvlink_domain,
     enforcement_level=EnforcementLevel.MANDATORY,

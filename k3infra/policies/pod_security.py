@@ -10,7 +10,7 @@ from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation
 from k3infra.policies.workloads import get, items, workloads
 from k3infra.receipt import load_receipt
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
 
 
@@ -32,7 +32,7 @@ pod_sandbox = ResourceValidationPolicy(
     name="k3-pod-sandbox",
     description=("No privileged container, no host network, PID or IPC namespace and no added "
                  "Linux capability in any pod: vLLM reaches its GPUs through the device plugin "
-                 f"({_R.measured_gpu.gpus_per_node} nvidia.com/gpu) and NCCL through /dev/shm, "
+                 f"({_receipt().measured_gpu.gpus_per_node} nvidia.com/gpu) and NCCL through /dev/shm, "
                  "neither of which needs host privileges; a privileged pod on an 8-GPU node "
                  "owns the node."),
     validate=_sandbox,
@@ -61,7 +61,7 @@ def _host_path(args: ResourceValidationArgs, report: ReportViolation) -> None:
 host_path = ResourceValidationPolicy(
     name="k3-host-path",
     description=("No pod of the stack mounts a host path (unless the policy's allowedPaths "
-                 f"names it): node-local weights, the {_R.model.size_gb:g} GB tree on each "
+                 f"names it): node-local weights, the {_receipt().model.size_gb:g} GB tree on each "
                  "node's NVMe, are local PersistentVolumes claimed through PVCs, so the "
                  "serving namespace stays Pod Security `restricted`. A host path exposes "
                  "the node's file system to the pod."),
@@ -90,8 +90,8 @@ def _resources(args: ResourceValidationArgs, report: ReportViolation) -> None:
 resources = ResourceValidationPolicy(
     name="k3-resources",
     description=(f"Every container states CPU and memory requests and limits: a serving node "
-                 f"is one replica of a {_R.model.total_params}-parameter model, and an unbounded "
-                 f"neighbour (or an unbounded prefetch hashing {_R.model.size_gb:g} GB) must not "
+                 f"is one replica of a {_receipt().model.total_params}-parameter model, and an unbounded "
+                 f"neighbour (or an unbounded prefetch hashing {_receipt().model.size_gb:g} GB) must not "
                  "starve it."),
     validate=_resources,
     enforcement_level=EnforcementLevel.MANDATORY,

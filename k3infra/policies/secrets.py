@@ -10,7 +10,7 @@ from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation
 from k3infra.policies.workloads import get, items, kind_of, mapping, workloads
 from k3infra.receipt import load_receipt
 
-_R = load_receipt()
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 
 # Shapes of credentials that must never appear as plain text.
 TOKEN_PATTERNS = {
@@ -87,7 +87,7 @@ no_literal_secrets = ResourceValidationPolicy(
                  "(`hf_...`), API key or cloud key pattern in env, command or args, no literal "
                  "value in a variable named *TOKEN*/*KEY*/*PASSWORD*/*SECRET*, no --api-key on "
                  "the command line. The vLLM API key and the HF token (needed if "
-                 f"{_R.model.repo} becomes gated) come from Secrets via secretKeyRef, so they "
+                 f"{_receipt().model.repo} becomes gated) come from Secrets via secretKeyRef, so they "
                  "stay out of manifests, logs and Pulumi state."),
     validate=_validate,
     enforcement_level=EnforcementLevel.MANDATORY,

@@ -3,10 +3,16 @@ pydantic model that refuses a malformed one.
 
 Every pin (engine commit, serve flags, weights digest, figures) is read from here; no
 other module repeats a receipt value as a literal.
+
+Which receipt a process judges against is chosen in one place, `load_receipt()`'s
+default: the file named by the environment variable K3INFRA_RECEIPT, else the shipped
+one. The program, its render, the policy pack (its own process, launched by the Pulumi
+CLI, which inherits the environment), `verify`, `bench` and the plugin all read it so.
 """
 from __future__ import annotations
 
 import functools
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -16,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RECEIPT_FILE = "kimi-k3-8xb300-2026-07-29.yaml"
+RECEIPT_ENV = "K3INFRA_RECEIPT"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -252,16 +259,56 @@ class Receipt(_Strict):
                      if m.concurrency == concurrency and m.metric == metric), None)
 
 
+class ReceiptError(ValueError):
+    """A receipt file that cannot be read or is not a k3infra.receipt/v1 document: one
+    line naming the file and the problem."""
+
+
 def parse_receipt(data: dict) -> Receipt:
     return Receipt.model_validate(data)
 
 
 def receipt_path() -> Path:
+    """The shipped receipt."""
     return Path(str(resources.files(__name__).joinpath(RECEIPT_FILE)))
 
 
-@functools.lru_cache(maxsize=None)
+def chosen_receipt_path() -> Path:
+    """The receipt this process judges against: $K3INFRA_RECEIPT, else the shipped one."""
+    chosen = os.environ.get(RECEIPT_ENV, "").strip()
+    return Path(chosen) if chosen else receipt_path()
+
+
 def load_receipt(path: Optional[str] = None) -> Receipt:
-    """The shipped receipt (or another file of the same schema)."""
-    text = Path(path).read_text() if path else receipt_path().read_text()
-    return parse_receipt(yaml.safe_load(text))
+    """The receipt at `path`; without one, the chosen receipt (chosen_receipt_path).
+    Read each time it is asked for, so a change of K3INFRA_RECEIPT is seen; each file is
+    parsed once."""
+    where = Path(path) if path else chosen_receipt_path()
+    if path is None and os.environ.get(RECEIPT_ENV, "").strip():
+        where_named = f"{where} (from {RECEIPT_ENV})"
+    else:
+        where_named = str(where)
+    return _load(str(where), where_named)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str, named: str) -> Receipt:
+    from pydantic import ValidationError
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReceiptError(f"receipt {named}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = " ".join(str(exc).split())
+        raise ReceiptError(f"receipt {named}: not YAML: {first}") from None
+    if not isinstance(data, dict):
+        raise ReceiptError(f"receipt {named}: not a mapping (a k3infra.receipt/v1 document)") from None
+    try:
+        return parse_receipt(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
+                             for e in exc.errors())
+        raise ReceiptError(f"receipt {named}: {problems}") from None
