@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Run a command inside a network namespace made for it, and remove the namespace after.
 #   tests/e2e/netns.sh CMD [ARGS...]
-# `make e2e` runs the whole e2e tier this way: the control plane, the node (kubelet,
+# `make e2e` runs the node tier this way: its control plane, the node (kubelet,
 # containerd, kube-proxy, CoreDNS), the registry and the loopback Hub listen only inside
 # it, and nothing it sends leaves it. Inside there are `lo` and one veth pair whose far end
-# has no address: NODE_IP (K3INFRA_E2E_NODE_IP) is the node's InternalIP (CDN_IP a second
-# address of it), the default
+# has no address: NODE_IP (K3INFRA_E2E_NODE_IP) is the node's InternalIP, the default
 # route points at the pair so Service addresses route, and a packet to anywhere else ends
 # at the far end. Needs root (ip netns); the namespace goes whatever the command does.
 set -euo pipefail
@@ -13,10 +12,11 @@ if [[ $# -lt 1 ]]; then
   echo "usage: $0 CMD [ARGS...]" >&2
   exit 2
 fi
+if [[ "$(id -u)" != 0 ]]; then
+  echo "$0: needs root (ip netns add); CI runs as root" >&2
+  exit 2
+fi
 NODE_IP=10.200.0.1
-# A second address of the node for the loopback Hub's "CDN": the Hub redirects LFS files
-# to another origin, as the real one does (tests/hub_loopback.py).
-CDN_IP=10.200.0.2
 ns="k3e2e-$$"
 ip netns add "$ns"
 trap 'ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del "$ns"' EXIT
@@ -24,11 +24,10 @@ ip netns exec "$ns" sh -euc "
   ip link set lo up
   ip link add k3n0 type veth peer name k3n1
   ip addr add $NODE_IP/24 dev k3n0
-  ip addr add $CDN_IP/24 dev k3n0
   ip link set k3n0 up
   ip link set k3n1 up
   ip route add default dev k3n0
   sysctl -qw net.ipv4.ip_forward=1
 "
-export K3INFRA_E2E_NODE_IP="$NODE_IP" K3INFRA_E2E_CDN_IP="$CDN_IP"
+export K3INFRA_E2E_NODE_IP="$NODE_IP"
 ip netns exec "$ns" "$@"

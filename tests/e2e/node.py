@@ -121,7 +121,7 @@ def _kernel_settings_restored() -> Iterator[None]:
 def image_layout(name: str) -> Path:
     """The cached OCI layout of one of the project's test images. `make e2e` builds them
     before entering the network namespace; here a cached one is only looked up."""
-    proc = subprocess.run([str(IMAGE_BUILD), name], capture_output=True, text=True)
+    proc = subprocess.run([str(IMAGE_BUILD), "--cached", name], capture_output=True, text=True)
     if proc.returncode != 0:
         raise ClusterError(f"{IMAGE_BUILD} {name} failed (run `make e2e`, which builds the "
                            f"images before the tests):\n{proc.stderr[-2000:]}")
@@ -275,7 +275,7 @@ def _storage_class(cluster: Cluster) -> None:
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": STORAGE_CLASS},
             "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "WaitForFirstConsumer"})
+            "volumeBindingMode": "Immediate"})
 
 
 @contextlib.contextmanager

@@ -1,0 +1,489 @@
+"""The `existing` stack, up for real on a node: the prefetch Job downloads from the
+loopback Hub, verifies and marks; the serving pod runs the gate, then the real vLLM
+engine (vLLM 0.32.0 on CPU, the `engine-cpu` image), then the authenticating proxy, and
+turns Ready through its real probes; `pulumi up --policy-pack policy/` returns only then.
+Then the benchmark Job (the real `vllm bench serve` through the Service with the key),
+`k3infra bench fetch / receipt / compare`, `k3infra verify` and `k3infra startup`
+against the live pod, and the faults a user meets.
+
+The model is a generated tiny MoE (tests/e2e/tiny_moe.py), generated on the node by a pod
+of the engine image (which also puts that image on the node), served by the loopback Hub
+inside the test's network namespace. Its receipt (tests/e2e/receipts/) is written from
+the tree's `k3infra weights lock` and chosen with K3INFRA_RECEIPT, as a user chooses
+their own receipt.
+
+What differs from a user's `existing` stack, and why (every key is a stack key a user
+can set; no product code knows it runs in a test):
+- the receipt is the tiny model's, not K3's (K3INFRA_RECEIPT);
+- `k3:weights.hubEndpoint` points at the loopback Hub; `k3:weights.storageClass` and
+  `k3:serving.cacheStorageClass` at the node's static local volumes;
+- the pods' CPU, memory and volume sizes are scaled to a 2-core, 24 GiB node;
+- the engine image is the CPU build, `k3:engine.build: prebuilt` (the in-cluster build
+  needs the CUDA toolchain), the proxy image is Debian's nginx (both pinned by digest
+  from the loopback registry).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hub_loopback
+import tiny_moe
+from engine import Pulumi, copy_project, install_provider
+from engine import engine_bin  # noqa: F401  (fixture)
+from node import GPU_RESOURCE, STORAGE_CLASS, node_fixture
+
+pytest_plugins = ["apiserver"]
+pytestmark = [pytest.mark.e2e, pytest.mark.node]
+
+ROOT = Path(__file__).resolve().parents[2]
+K3INFRA = str(ROOT / ".venv" / "bin" / "k3infra")
+PRODUCT = "k3infra-e2e-cpu"          # the template receipt's gpu_product_label
+NS = "kimi-k3"                       # the stack program's instance = its namespace
+STS = "kimi-k3"
+POD = f"{STS}-0"
+API_KEY = "e2e-node-key-0123456789abcdef"   # test-only
+
+node = node_fixture(PRODUCT, images=("engine-cpu", "proxy"))
+
+
+# --- small helpers ------------------------------------------------------------------
+
+def wait_for(what: str, check, timeout: float, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last!r})")
+
+
+def core(node):
+    from kubernetes import client
+
+    return client.CoreV1Api(node.cluster.api_client())
+
+
+def pod_ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def read_pod(node, name=POD, ns=NS):
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return core(node).read_namespaced_pod(name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def request(url: str, body: dict | None = None, key: str | None = API_KEY, timeout=120):
+    """(status, parsed JSON or text) of one call to the API."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers,
+                                 method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        text, status = exc.read().decode(errors="replace"), exc.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def k3infra(stack, *args: str, check=True) -> subprocess.CompletedProcess:
+    start = time.monotonic()
+    proc = subprocess.run([K3INFRA, *args], cwd=stack.pulumi.cwd, env=stack.env(),
+                          capture_output=True, text=True, timeout=900)
+    print(f"\n$ k3infra {' '.join(args)}    [exit {proc.returncode}, "
+          f"{time.monotonic() - start:.1f} s]")
+    for line in (proc.stdout + proc.stderr).rstrip().splitlines()[-40:]:
+        print(f"    {line}")
+    if check and proc.returncode != 0:
+        raise AssertionError(f"k3infra {' '.join(args)} exited {proc.returncode}")
+    return proc
+
+
+def container_log(node, container="vllm", previous=False, name=POD) -> str:
+    try:
+        return core(node).read_namespaced_pod_log(name, NS, container=container,
+                                                  previous=previous, timestamps=True)
+    except Exception as exc:  # noqa: BLE001 - shown, not hidden
+        return f"(no log: {exc})"
+
+
+def kill_container(node, pod, container: str) -> str:
+    """SIGKILL a container's process on the node, as an OOM kill or a crash would."""
+    status = next(s for s in pod.status.container_statuses if s.name == container)
+    cid = status.container_id.split("://", 1)[1]
+    node.crictl("task", "kill", "--signal", "SIGKILL", cid)
+    return cid
+
+
+# --- the model, the Hub, the receipt -------------------------------------------------
+
+GENERATOR_NS = "k3e2e-model"
+
+
+@pytest.fixture(scope="module")
+def model(node) -> Path:
+    """The tiny MoE, generated on the node by a pod of the engine image (torch and
+    transformers are there, not in the test venv) into a local volume the test reads."""
+    from kubernetes import client
+
+    out = node.add_volume("model-out", 2)
+    api = core(node)
+    api.create_namespace({"metadata": {"name": GENERATOR_NS, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    api.create_namespaced_config_map(GENERATOR_NS, {
+        "metadata": {"name": "generator"},
+        "data": {"tiny_moe.py": (ROOT / "tests/e2e/tiny_moe.py").read_text()}})
+    api.create_namespaced_persistent_volume_claim(GENERATOR_NS, {
+        "metadata": {"name": "out"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+                 "volumeName": "model-out", "resources": {"requests": {"storage": "2Gi"}}}})
+    ctx = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+           "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+           "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    api.create_namespaced_pod(GENERATOR_NS, {
+        "metadata": {"name": "generate"},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                 "securityContext": {"fsGroup": 1000},
+                 "containers": [{
+                     "name": "generate", "image": node.images["engine-cpu"],
+                     "command": ["python3", "/gen/tiny_moe.py", "generate", "/out/tiny-moe"],
+                     "env": [{"name": "HOME", "value": "/tmp"},
+                             {"name": "HF_HUB_OFFLINE", "value": "1"}],
+                     "securityContext": ctx,
+                     "volumeMounts": [{"name": "gen", "mountPath": "/gen"},
+                                      {"name": "out", "mountPath": "/out"},
+                                      {"name": "tmp", "mountPath": "/tmp"}]}],
+                 "volumes": [{"name": "gen", "configMap": {"name": "generator"}},
+                             {"name": "out", "persistentVolumeClaim": {"claimName": "out"}},
+                             {"name": "tmp", "emptyDir": {}}]}})
+    start = time.monotonic()
+    pod = wait_for("the model generator pod", lambda: (
+        lambda p: p if p.status.phase in ("Succeeded", "Failed") else None)(
+            api.read_namespaced_pod("generate", GENERATOR_NS)), timeout=900, interval=3)
+    log = api.read_namespaced_pod_log("generate", GENERATOR_NS)
+    print(f"\nmodel generated on the node in {time.monotonic() - start:.0f} s "
+          f"(engine image pulled on the way): {pod.status.phase}\n{log[-1500:]}")
+    assert pod.status.phase == "Succeeded", log
+    api.delete_namespace(GENERATOR_NS)
+    del client
+    return out / "tiny-moe"
+
+
+@pytest.fixture(scope="module")
+def hub(node, model):
+    with hub_loopback.serve(model, tiny_moe.REPO, host=node.ip) as running:
+        print(f"\nloopback Hub: {running.endpoint} serving {tiny_moe.REPO}@{running.commit}")
+        yield running
+
+
+@pytest.fixture(scope="module")
+def receipt(model, hub, tmp_path_factory) -> Path:
+    path, _lock = tiny_moe.write_receipt(model, hub.commit,
+                                         tmp_path_factory.mktemp("receipt"))
+    return path
+
+
+# --- the stack ----------------------------------------------------------------------
+
+class Stack:
+    """The user's project, stack and environment for this module."""
+
+    def __init__(self, pulumi: Pulumi, node, receipt: Path):
+        self.pulumi, self.node, self.receipt = pulumi, node, receipt
+
+    def env(self) -> dict:
+        env = self.pulumi.env()
+        env["K3INFRA_RECEIPT"] = str(self.receipt)
+        env["KUBECONFIG"] = str(self.node.cluster.kubeconfig)
+        return env
+
+    def run(self, *args, **kw):
+        return self.pulumi.run(*args, **kw)
+
+    def up(self, *extra, **kw):
+        start = time.monotonic()
+        proc = self.pulumi.run("up", "--yes", "--policy-pack", "policy/", *extra,
+                               show=kw.pop("show", 25), timeout=kw.pop("timeout", 1800), **kw)
+        self.last_up_seconds = time.monotonic() - start
+        return proc
+
+
+# Scaled to the 2-core, 24 GiB node: a user's small CPU pool sets the same keys. At most
+# 1.75 CPUs are requested at once (vLLM 1, proxy 0.25, the benchmark 0.5 beside them).
+def _resources(key: str, cpu, cpu_limit, mem, mem_limit):
+    return tuple(("--path", f"k3:{key}.{field}", str(value)) for field, value in
+                 (("cpu", cpu), ("cpuLimit", cpu_limit), ("memoryGi", mem),
+                  ("memoryLimitGi", mem_limit)))
+
+
+NODE_SIZED = (
+    ("--path", "k3:serving.cpu", "1"), ("--path", "k3:serving.memoryGi", "8"),
+    ("--path", "k3:serving.shmSizeGi", "1"), ("--path", "k3:serving.cacheSizeGi", "1"),
+    ("--path", "k3:serving.tmpSizeGi", "2"),
+    ("--path", "k3:serving.cacheStorageClass", STORAGE_CLASS),
+    *_resources("serving.proxyResources", 0.25, 1, 0.25, 0.5),
+    *_resources("weights.prefetchResources", 0.5, 2, 1, 2),
+    *_resources("weights.gateResources", 0.25, 2, 0.5, 1),
+    *_resources("benchmark.resources", 0.5, 2, 2, 4),
+    ("--path", "k3:weights.hashWorkers", "2"),
+    ("--path", "k3:weights.sizeGi", "1"),
+    ("--path", "k3:weights.auditSchedule", "disabled"),
+    ("--path", "k3:benchmark.resultsStorageClass", STORAGE_CLASS),
+)
+
+
+@pytest.fixture(scope="module")
+def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
+    base = tmp_path_factory.mktemp("node-stack")
+    home = base / "pulumi-home"
+    home.mkdir()
+    (base / "state").mkdir()
+    project = copy_project(base / "k3")
+    pulumi = Pulumi(engine_bin, home, base / "state", project)
+    install_provider(pulumi)
+    s = Stack(pulumi, node, receipt)
+    pulumi.extra_env.update({"K3INFRA_RECEIPT": str(receipt),
+                             "KUBECONFIG": str(node.cluster.kubeconfig)})
+    # Volumes for every claim the stack makes: weights (RWX), compile cache, results.
+    node.add_volume("weights", 1, "ReadWriteMany")
+    node.add_volume("cache-0", 1)
+    node.add_volume("bench-results", 1)
+    pulumi.shell("cp stacks/examples/Pulumi.existing.yaml stacks/", show=0)
+    pulumi.run("stack", "init", "existing")
+    for args in (("k3:weightsRevision", hub.commit),
+                 ("k3:gpuProduct", PRODUCT),
+                 ("--path", "k3:weights.storageClass", STORAGE_CLASS),
+                 ("--path", "k3:weights.hubEndpoint", hub.endpoint),
+                 ("--path", "k3:engine.build", "prebuilt"),
+                 ("k3:engineImage", node.images["engine-cpu"]),
+                 ("--path", "k3:serving.proxyImage", node.images["proxy"]),
+                 ("k3:servedModelName", tiny_moe.SERVED_NAME),
+                 ("--secret", "k3:apiKey", API_KEY),
+                 ("k3:acceptModelLicense", "true"), *NODE_SIZED):
+        pulumi.run("config", "set", *args, show=0)
+    yield s
+    pulumi.run("destroy", "--yes", "--continue-on-error", check=False, show=10, timeout=900)
+
+
+def service_url(node, name=STS) -> str:
+    svc = core(node).read_namespaced_service(name, NS)
+    port = next(p.port for p in svc.spec.ports if p.name == "http")
+    return f"http://{svc.spec.cluster_ip}:{port}"
+
+
+# --- the tests, in the order a user meets them --------------------------------------
+
+def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
+    """`pulumi up` with every wait on: it returns once the prefetch Job completed (killed
+    once mid-download: the retry resumes with Range) and the serving pod is Ready."""
+    from kubernetes import client
+
+    shards = sorted(p for p in hub.files if p.endswith(".safetensors"))
+    hub.faults.stall_once[shards[0]] = 64 * 1024
+
+    def kill_the_stalled_prefetch():
+        if not hub.stalled.wait(timeout=900):
+            return
+        pods = core(node).list_namespaced_pod(
+            NS, label_selector="app.kubernetes.io/component=weights-prefetch").items
+        running = [p for p in pods if p.status.container_statuses
+                   and p.status.container_statuses[0].state.running]
+        if running:
+            cid = kill_container(node, running[0], "prefetch")
+            print(f"\nfault: killed the prefetch container {cid[:12]} mid-download of "
+                  f"{shards[0]}")
+        hub.faults.released.set()
+
+    killer = threading.Thread(target=kill_the_stalled_prefetch, daemon=True)
+    killer.start()
+    stack.up()
+    killer.join(timeout=5)
+
+    batch = client.BatchV1Api(node.cluster.api_client())
+    job = batch.read_namespaced_job(f"{STS}-weights-prefetch", NS)
+    print(f"prefetch Job: succeeded={job.status.succeeded} start={job.status.start_time} "
+          f"completion={job.status.completion_time}")
+    assert job.status.succeeded == 1
+    ranged = [h.range for h in hub.gets(shards[0]) if h.range]
+    print(f"GETs of {shards[0]}: {[(h.role, h.range, h.sent) for h in hub.gets(shards[0])]}")
+    assert ranged, "the retry after the kill did not resume with a Range request"
+
+    pod = read_pod(node)
+    ready_at = next(c.last_transition_time for c in pod.status.conditions if c.type == "Ready")
+    print(f"serving pod {POD}: Ready at {ready_at} (created {pod.metadata.creation_timestamp}, "
+          f"{(ready_at - pod.metadata.creation_timestamp).total_seconds():.0f} s); "
+          f"pulumi up took {stack.last_up_seconds:.0f} s")
+    assert pod_ready(pod)
+    assert pod.spec.containers[0].resources.requests[GPU_RESOURCE] == "1"
+    log = container_log(node)
+    assert "k3-phase name=gate event=end" in log and "k3-phase name=engine event=start" in log
+    # The marker exists only on a verified tree.
+    tree = next(node.volumes.glob("weights/*/*/.k3-verified.json"), None)
+    assert tree is not None, list(node.volumes.glob("weights/**"))
+
+
+def test_the_api_only_through_the_proxy_with_the_key(stack, node):
+    url = service_url(node)
+    status, models = request(f"{url}/v1/models")
+    print(f"\nGET {url}/v1/models: {status} {models}")
+    assert status == 200 and models["data"][0]["id"] == tiny_moe.SERVED_NAME
+    assert request(f"{url}/v1/models", key=None)[0] == 401
+    assert request(f"{url}/v1/models", key=API_KEY + "x")[0] == 401
+    for path in ("/invocations", "/metrics", "/health", "/v1/embeddings"):
+        status, _ = request(f"{url}{path}", body={} if path != "/metrics" else None)
+        print(f"{path} on the API port: {status}")
+        assert status == 404, path
+    status, chat = request(f"{url}/v1/chat/completions", {
+        "model": tiny_moe.SERVED_NAME, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello"}]})
+    print(f"POST /v1/chat/completions: {status} usage={chat.get('usage') if status == 200 else chat}")
+    assert status == 200 and chat["usage"]["completion_tokens"] > 0
+
+
+def test_a_second_up_changes_nothing(stack):
+    stack.run("up", "--yes", "--policy-pack", "policy/", "--expect-no-changes", show=10,
+              timeout=900)
+
+
+def test_verify_and_startup_read_the_live_pod(stack):
+    stack_args = ["--namespace", NS]
+    k3infra(stack, "verify", *stack_args, "--no-results")
+    out = k3infra(stack, "startup", *stack_args).stdout
+    assert "gate" in out and "engine" in out
+
+
+def test_the_engine_killed_inside_the_pod_comes_back_through_the_gate(stack, node):
+    before = read_pod(node)
+    restarts = next(s.restart_count for s in before.status.container_statuses
+                    if s.name == "vllm")
+    kill_container(node, before, "vllm")
+    start = time.monotonic()
+    wait_for("the vllm container restarted", lambda: next(
+        s.restart_count for s in read_pod(node).status.container_statuses
+        if s.name == "vllm") > restarts, timeout=120)
+    pod = wait_for("the pod Ready again", lambda: (lambda p: p if pod_ready(p) else None)(
+        read_pod(node)), timeout=900, interval=3)
+    print(f"\nfault: vllm killed; Ready again after {time.monotonic() - start:.0f} s "
+          f"(restarts {restarts} -> "
+          f"{next(s.restart_count for s in pod.status.container_statuses if s.name == 'vllm')})")
+    log = container_log(node)
+    assert "k3-phase name=gate event=end" in log  # the gate ran again on this start
+
+
+def test_a_flipped_byte_is_refused_until_restored(stack, node):
+    shard = sorted(node.volumes.glob("weights/*/*/*.safetensors"))[0]
+    original = shard.read_bytes()[1000:1001]
+    with open(shard, "r+b") as fh:
+        fh.seek(1000)
+        fh.write(bytes([original[0] ^ 0xFF]))
+    try:
+        core(node).delete_namespaced_pod(POD, NS)
+        wait_for("the gate's refusal", lambda: "k3-phase name=gate event=fail" in
+                 (container_log(node) + container_log(node, previous=True)), timeout=600,
+                 interval=3)
+        pod = read_pod(node)
+        assert pod is not None and not pod_ready(pod)
+        log = container_log(node, previous=True) + container_log(node)
+        print(f"\nfault: one byte of {shard.name} flipped, pod deleted: the gate refused:\n"
+              + "\n".join(line for line in log.splitlines() if shard.name in line)[-800:])
+        assert shard.name in log
+        verify = k3infra(stack, "startup", "--namespace", NS, check=False)
+        assert verify.returncode == 1
+    finally:
+        with open(shard, "r+b") as fh:
+            fh.seek(1000)
+            fh.write(original)
+    start = time.monotonic()
+    wait_for("Ready again after the byte is restored", lambda: (
+        lambda p: p if p and pod_ready(p) else None)(read_pod(node)), timeout=900, interval=3)
+    print(f"byte restored: Ready again after {time.monotonic() - start:.0f} s, no other action")
+
+
+def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
+    """k3:benchmark.enabled: `pulumi up` waits for the Job (the real `vllm bench serve`
+    through the Service with the key); then fetch, a receipt of this run, compare."""
+    from k3infra.bench import fetch
+
+    stack.run("config", "set", "--path", "k3:benchmark.enabled", "true", show=0)
+    stack.up(timeout=2400)
+    results = tmp_path / "results"
+    k3infra(stack, "bench", "fetch", "--namespace", NS, "--out", str(results))
+    measured = tmp_path / "measured-receipt.yaml"
+    run_dir = next(p for p in results.rglob("SHA256SUMS")).parent
+    files = [str(p) for p in fetch.measured_results(run_dir)]
+    k3infra(stack, "bench", "receipt", *files, "--id", "tiny-moe-cpu-e2e-measured",
+            "--base", str(stack.receipt), "--out", str(measured))
+    # Against a receipt measured by this same run: the comparison is honest.
+    compare = k3infra(stack, "bench", "compare", *files, "--receipt", str(measured))
+    assert compare.returncode == 0
+    k3infra(stack, "verify", "--namespace", NS, "--receipt", str(measured),
+            "--results", str(run_dir))
+
+
+def test_a_surface_change_rolls_and_never_answers_a_wrong_name(stack, node):
+    """k3:servedModelName: a rolling update `pulumi up` waits for; meanwhile every answer
+    names the old or the new model, or fails with a clear status."""
+    url = service_url(node)
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            try:
+                status, body = request(f"{url}/v1/models", timeout=10)
+            except OSError as exc:
+                seen.append((0, type(exc).__name__))
+            else:
+                seen.append((status, body["data"][0]["id"] if status == 200 else str(body)[:60]))
+            time.sleep(1)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    stack.run("config", "set", "k3:servedModelName", "tiny-moe-v2", show=0)
+    stack.up(timeout=1800)
+    stop.set()
+    thread.join(timeout=15)
+    names = {b for s, b in seen if s == 200}
+    print(f"\nduring the rollout: {len(seen)} requests; statuses "
+          f"{sorted({s for s, _ in seen})}; names answered {sorted(names)}")
+    assert names <= {tiny_moe.SERVED_NAME, "tiny-moe-v2"}
+    assert request(f"{url}/v1/models")[1]["data"][0]["id"] == "tiny-moe-v2"
+
+
+def test_destroy_leaves_no_object_of_the_stack(stack, node):
+    from kubernetes import client, dynamic
+
+    stack.run("destroy", "--yes", show=10, timeout=900)
+    dyn = dynamic.DynamicClient(node.cluster.api_client())
+    ns = core(node).list_namespace(label_selector="app.kubernetes.io/instance=kimi-k3").items
+    wait_for("the namespace gone", lambda: not core(node).list_namespace(
+        label_selector="app.kubernetes.io/instance=kimi-k3").items, timeout=300)
+    pvs = [(pv.metadata.name, pv.status.phase)
+           for pv in core(node).list_persistent_volume().items]
+    print(f"\nafter destroy: namespaces {[n.metadata.name for n in ns]} gone; the node's "
+          f"volumes (Retain, the cluster admin's): {pvs}")
+    del dyn, client
