@@ -108,12 +108,11 @@ def running():
              "enginePort": engine.server_address[1]}
     cfg = parse_stack_config({"weightsRevision": "a" * 40, "apiKey": KEY,
                               "engineImage": "r/vllm@sha256:" + "1" * 64, "serving": ports}, receipt=load_receipt())
-    files = proxy.secret_files(cfg, KEY)
-    (tmp / proxy.KEYS_KEY).write_text(files[proxy.KEYS_KEY])
+    (tmp / proxy.KEYS_KEY).write_text(proxy.secret_files(KEY)[proxy.KEYS_KEY])
     conf = proxy.nginx_conf(cfg, keys_file=str(tmp / proxy.KEYS_KEY), tmp_dir=str(tmp))
     # The product's text with only the key file and temp dir moved.
     assert conf.replace(str(tmp / proxy.KEYS_KEY), f"{proxy.CONF_DIR}/{proxy.KEYS_KEY}") \
-               .replace(str(tmp), proxy.TMP_DIR) == files[proxy.CONF_KEY]
+               .replace(str(tmp), proxy.TMP_DIR) == proxy.config_files(cfg)[proxy.CONF_KEY]
     (tmp / "nginx.conf").write_text(conf)
     # The access log goes to /dev/stdout: a file the proxy's user owns, as runc hands a
     # container its stdio.
