@@ -354,3 +354,14 @@ def test_a_request_above_its_limit_is_refused_with_the_key():
                             "serving": {"proxyResources": {"cpu": 3}}}, receipt=load_receipt())
     assert "k3:serving.proxyResources" in str(err.value)
     assert "cpu 3 is above cpuLimit 2" in str(err.value)
+
+
+def test_the_engines_tmp_is_a_stack_key():
+    """Issue 27: a 16Gi /tmp emptyDir is more than a small test node's disk may spare."""
+    def tmp(r):
+        vols = manifest(r, "StatefulSet")["spec"]["template"]["spec"]["volumes"]
+        return next(v for v in vols if v["name"] == "tmp")
+
+    assert tmp(render("existing", PIN)) == {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}
+    assert tmp(render("existing", PIN, "serving.tmpSizeGi=2")) == {
+        "name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}}
