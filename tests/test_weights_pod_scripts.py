@@ -211,3 +211,42 @@ def test_an_unusable_weights_root_fails_with_the_reason(tmp_path, repo_files):
         res = job.start()
     assert res.returncode != 0
     assert "is not writable by uid" in res.stderr and "docs/weights.md" in res.stderr
+
+
+def runtime_copies(tmp: Path) -> list[str]:
+    return sorted(p.name for p in (tmp / "pod-tmp").iterdir() if p.name.startswith("k3-runtime-"))
+
+
+def test_restarts_leave_no_runtime_copy_behind_and_touch_nothing_foreign(tmp_path, repo_files):
+    """Issue 27: every start left a /tmp/k3-runtime-* directory in the container's /tmp
+    (an emptyDir, kept across restarts). The gate's copy goes when the gate ends; the
+    prefetch's (its script runs from it) when the next start finds nobody holds it.
+    Another writer of /tmp cannot make a start delete anything of its choosing."""
+    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
+        _runtime, job, serving = setup(tmp_path, repo_files, hub)
+        pod_tmp = tmp_path / "pod-tmp"
+        victim = tmp_path / "victim"
+        victim.mkdir()
+        (victim / "keep").write_text("x")
+        (pod_tmp / "k3-runtime-planted").symlink_to(victim)           # a symlink
+        (pod_tmp / "k3-runtime-nolock").mkdir()                       # no lock: not ours
+        foreign = pod_tmp / "k3-runtime-foreign"
+        if os.geteuid() == 0:                                         # another uid's
+            foreign.mkdir()
+            (foreign / ".lock").write_text("")
+            os.chown(foreign, 4242, 4242)
+        planted = runtime_copies(tmp_path)
+        for _ in range(3):                                 # the Job's container restarts
+            assert job.start().returncode == 0
+        left = [n for n in runtime_copies(tmp_path) if n not in planted]
+        assert len(left) == 1                              # the last run's, released
+    for _ in range(3):
+        res = serving.start()
+        assert res.returncode == 0, res.stderr
+    assert vllm_starts(tmp_path) == 3
+    assert runtime_copies(tmp_path) == planted             # the prefetch's copy removed too
+    assert (victim / "keep").read_text() == "x"
+    if os.geteuid() == 0:
+        assert (foreign / ".lock").exists()
+    copy = next(p for p in pod_tmp.iterdir() if p.name == "k3-runtime-nolock")
+    assert copy.is_dir()
