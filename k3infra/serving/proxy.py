@@ -57,11 +57,17 @@ class Route:
     path: str
 
 
-# The OpenAI routes clients may call, each only with the key. Anything else vLLM serves
-# (tokenizer, SageMaker, pooling, dev-mode, LoRA, profiler, docs, realtime...) is 404.
-ALLOWED_ROUTES = (Route("POST", "/v1/chat/completions"),
-                  Route("POST", "/v1/completions"),
-                  Route("GET", "/v1/models"))
+# The OpenAI routes clients may call, each only with the key (the gateway's too).
+INFERENCE_ROUTES = (Route("POST", "/v1/chat/completions"),
+                    Route("POST", "/v1/completions"),
+                    Route("GET", "/v1/models"))
+# The server's own token count, with the key: the benchmark Job holds Workload A's
+# lengths to it (k3infra/bench/pod_runner.py). It tokenizes, runs no inference, and
+# vLLM's own --api-key does not guard it, so only the proxy does. /detokenize is not
+# needed (the Job refuses a mismatch instead of re-aligning) and stays 404. Anything
+# else vLLM serves (SageMaker, pooling, dev-mode, LoRA, profiler, docs, realtime...)
+# is 404.
+ALLOWED_ROUTES = (*INFERENCE_ROUTES, Route("POST", "/tokenize"))
 
 
 def keys_map(api_key: str) -> str:
