@@ -192,3 +192,21 @@ def test_templates_carry_no_ciphertext_and_set_the_required_keys():
         assert "secure:" not in text, stack
         assert "k3:weightsRevision:" in text, stack
         assert f"pulumi stack init {stack}" in text and f"cp stacks/examples/Pulumi.{stack}.yaml stacks/" in text
+
+
+def test_the_proxys_config_reads_as_a_file_in_the_render(tmp_path):
+    """Issue 27: a render masked the whole API-key Secret, nginx.conf included. The
+    config is a ConfigMap now, written as a literal block; the Secret shows no value."""
+    import yaml
+
+    r = render("existing", PIN, f"apiKey={API_KEY}")
+    write_render(r, tmp_path)
+    path = next((tmp_path / "manifests").glob("*-configmap-kimi-k3-proxy.yaml"))
+    text = path.read_text()
+    assert "  nginx.conf: |\n" in text and "\n    worker_processes 2;\n" in text
+    assert "\n            include /etc/k3-proxy/keys.map;\n" in text and API_KEY not in text
+    assert yaml.safe_load(text)["data"] == next(
+        m for m in r.manifests() if m["metadata"]["name"] == "kimi-k3-proxy")["data"]
+    secret = yaml.safe_load(next((tmp_path / "manifests").glob("*-secret-kimi-k3-api-key.yaml"))
+                            .read_text())
+    assert secret["stringData"] == {"keys.map": "[secret]", "api-key": "[secret]"}
