@@ -250,3 +250,30 @@ def test_restarts_leave_no_runtime_copy_behind_and_touch_nothing_foreign(tmp_pat
         assert (foreign / ".lock").exists()
     copy = next(p for p in pod_tmp.iterdir() if p.name == "k3-runtime-nolock")
     assert copy.is_dir()
+
+
+def test_a_copy_in_use_is_never_removed(tmp_path):
+    """The copy a running program uses (its flock, inherited across exec) survives
+    another start in the same /tmp; once that program is gone, the next start removes it."""
+    src, pod_tmp = tmp_path / "runtime", tmp_path / "pod-tmp"
+    src.mkdir()
+    pod_tmp.mkdir()
+    (src / "hold.sh").write_text('echo started; read line\n')          # runs until stdin closes
+    (src / "done.sh").write_text("exit 0\n")
+    pins = {n: hashlib.sha256((src / n).read_bytes()).hexdigest() for n in ("hold.sh", "done.sh")}
+    env = {"PATH": os.environ["PATH"], "K3_RUNTIME_DIR": str(src),
+           "K3_RUNTIME_SHA256": json.dumps(pins), "K3_RUNTIME_COPY_DIR": str(pod_tmp)}
+    boot = [sys.executable, "-c", w.bootstrap_source(), "sh"]
+    holder = subprocess.Popen([*boot, "hold.sh"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "started"
+        live = [p.name for p in pod_tmp.iterdir()]
+        assert len(live) == 1
+        assert subprocess.run([*boot, "done.sh"], env=env, timeout=30).returncode == 0
+        assert live[0] in [p.name for p in pod_tmp.iterdir()]       # in use: kept
+    finally:
+        holder.communicate(input="\n", timeout=30)
+    assert subprocess.run([*boot, "done.sh"], env=env, timeout=30).returncode == 0
+    left = [p.name for p in pod_tmp.iterdir()]
+    assert live[0] not in left and len(left) == 1                   # only the last start's

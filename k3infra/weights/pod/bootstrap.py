@@ -57,8 +57,11 @@ pins = json.loads(os.environ["K3_RUNTIME_SHA256"])
 parent = os.environ.get("K3_RUNTIME_COPY_DIR") or tempfile.gettempdir()
 remove_dead_copies(parent)
 dst = tempfile.mkdtemp(prefix=PREFIX, dir=parent)          # 0700, unpredictable name
-held = os.open(os.path.join(dst, LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+# Locked before it gets the name a cleaner looks for: no start can see it unheld.
+held = os.open(os.path.join(dst, LOCK + ".new"),
+               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 fcntl.flock(held, fcntl.LOCK_EX)
+os.rename(os.path.join(dst, LOCK + ".new"), os.path.join(dst, LOCK))
 os.set_inheritable(held, True)                             # held by the exec'd program too
 for rel, want in sorted(pins.items()):
     try:
