@@ -25,6 +25,9 @@ http {{
     server_tokens off;
     # No Authorization header, no query string, no body in the log.
     log_format k3 '$remote_addr "$request_method $uri" $status $body_bytes_sent $request_time';
+    # nginx 1.22 opens the access log by path (`access_log stderr` is a file named
+    # `stderr`), so /dev/stdout must be the container user's: runc chowns PID 1's stdio
+    # to it (tests/test_serving_proxy.py shows both sides).
     access_log /dev/stdout k3;
     client_body_temp_path {tmp_dir}/client_body;
     proxy_temp_path {tmp_dir}/proxy;
