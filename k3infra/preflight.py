@@ -98,6 +98,20 @@ def check_node_count(cfg: StackConfig, receipt: Receipt) -> Check:
                  f"{pool.node_count} node(s) for {cfg.replicas} replica(s)"
                  + (f", {spare} spare" if spare else ""))
 
+def check_engine_cpu(cfg: StackConfig, receipt: Receipt) -> Check:
+    """vLLM runs one worker process per GPU of the pod beside its API server; a CPU
+    limit below the worker count throttles every step. The bound follows the receipt
+    (k3:serving.cpu itself accepts 1, for a one-worker CPU node)."""
+    workers = (cfg.multi_node.gpus_per_node if topology.is_multi_node(cfg)
+               else receipt.measured_gpu.gpus_per_node)
+    if cfg.serving.cpu < workers:
+        raise PreflightError(
+            "k3:serving.cpu", cfg.serving.cpu,
+            f"the engine runs {workers} worker process(es), one per GPU of the pod, beside "
+            f"its API server; accepted: at least {workers}")
+    return Check("engine CPU", f"{cfg.serving.cpu} CPU for {workers} engine worker(s)")
+
+
 TREES_PER_VOLUME = 2
 
 
@@ -206,6 +220,7 @@ def run_preflight(cfg: StackConfig, receipt: Receipt,
     """All checks in order; the first failure raises PreflightError."""
     return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
             check_node_count(cfg, receipt), check_weights_volume(cfg, receipt, lock_total_bytes),
+            check_engine_cpu(cfg, receipt),
             check_local_nvme(cfg, receipt, lock_total_bytes),
             check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt),
             multi_node_requirements(cfg, receipt)]

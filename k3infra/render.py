@@ -201,6 +201,22 @@ def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = N
         os.chdir(cwd)
 
 
+def _yaml_dumper():
+    """safe_dump, with multi-line strings (nginx.conf, scripts) as literal blocks, so a
+    rendered file reads like the file it holds."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return Dumper
+
+
 def write_render(render: Render, out: Path) -> list[Path]:
     import yaml
 
@@ -221,6 +237,6 @@ def write_render(render: Render, out: Path) -> list[Path]:
         name = obj.get("metadata", {}).get("name", "unnamed")
         path = manifests_dir / f"{i:03d}-{obj['kind'].lower()}-{name}.yaml"
         head = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
-        path.write_text(yaml.safe_dump({**head, **obj}, sort_keys=False))
+        path.write_text(yaml.dump({**head, **obj}, Dumper=_yaml_dumper(), sort_keys=False))
         written.append(path)
     return written

@@ -161,7 +161,10 @@ class K3ServingStack(pulumi.ComponentResource):
             "offlineRender": offline_render}, in_ns)
         image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
-            cfg, names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns)]
+            names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns),
+                   # Not a secret: listed here so the serving pods wait for it too.
+                   apply_manifest(f"{name}-proxy-config", m.proxy_configmap(cfg, names, instance),
+                                  in_ns)]
         hf_secret_name = None
         if cfg.hf_token is not None:
             hf_secret_name = names.hf_token_secret

@@ -132,3 +132,17 @@ def test_strict_schemas_and_checkov(tmp_path):
     assert report["results"]["failed_checks"] == []
     assert sorted(c["check_id"] for c in report["results"]["skipped_checks"]) == [
         "CKV_K8S_35", "CKV_K8S_40"]
+
+
+def test_job_size_is_a_stack_key_for_a_small_node():
+    """Issue 27: 2/4 CPU and 8/16 Gi fit no 2-CPU node; k3:accuracy.resources."""
+    def job_container(r):
+        return manifest(r, "Job", "kimi-k3-accuracy")["spec"]["template"]["spec"]["containers"][0]
+
+    assert job_container(render("existing", PIN, ON))["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}}
+    small = render("existing", PIN, ON, "accuracy.resources.cpu=0.5",
+                   "accuracy.resources.cpuLimit=1", "accuracy.resources.memoryGi=1",
+                   "accuracy.resources.memoryLimitGi=2")
+    assert job_container(small)["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}

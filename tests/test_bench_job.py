@@ -238,3 +238,17 @@ def test_unknown_sweep_names_the_key(tmp_path, capsys):
     assert rc != 0
     err = capsys.readouterr().err
     assert "k3:benchmark.sweep" in err and "'huge'" in err and "wide" in err
+
+
+def test_job_size_is_a_stack_key_for_a_small_node():
+    """Issue 27: 4/8 CPU and 16/32 Gi fit no 2-CPU node; k3:benchmark.resources."""
+    def job_container(r):
+        return manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]["containers"][0]
+
+    assert job_container(render("existing", PIN, ON))["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "8", "memory": "32Gi"}}
+    small = render("existing", PIN, ON, "benchmark.resources.cpu=0.5",
+                   "benchmark.resources.cpuLimit=1", "benchmark.resources.memoryGi=1.5",
+                   "benchmark.resources.memoryLimitGi=3")
+    assert job_container(small)["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1536Mi"}, "limits": {"cpu": "1", "memory": "3Gi"}}

@@ -83,6 +83,29 @@ class _Server(http.server.BaseHTTPRequestHandler):
             self.send_response(404)
             self.end_headers()
 
+    # The server's /tokenize (behind the key, as the proxy passes it): counts with the
+    # Job's tokenizer, `skew` tokens more (a server whose tokenizer is not the Job's).
+    skew = [0]
+    tokenize_calls: list[dict] = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if self.path != "/tokenize":
+            self.send_response(404)
+            self.end_headers()
+            return
+        if self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        _Server.tokenize_calls.append(body)
+        count, _ = workload.load_token_counter(ENCODING)
+        out = json.dumps({"count": count(body["prompt"]) + self.skew[0], "tokens": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(out)
+
     def log_message(self, *args):
         pass
 
@@ -270,3 +293,30 @@ def test_remote_code_is_never_trusted_even_when_the_client_offers_it():
                            result_file="r.json", metadata={"a": "b"}, ignore_eos=True,
                            request_id_prefix="p")
     assert "--trust-remote-code" not in cmd
+
+
+def test_prompt_lengths_are_the_servers_count(tmp_path, server, fake_vllm, receipt):
+    """Issue 27: Workload A's lengths are "tokens as the server counts them": every
+    prompt is counted by the server's POST /tokenize (with the key, special tokens as a
+    completion gets them) before any request; a server that counts otherwise refuses
+    the run before `vllm bench serve` starts."""
+    _Server.skew[0], _Server.tokenize_calls[:] = 0, []
+    assert pr.main(_argv(receipt, server, tmp_path / "ok")) == 0
+    index = json.loads(next((tmp_path / "ok").glob("*/index.json")).read_text())
+    prompts = [json.loads(line)["prompt"] for s in index["sets"]
+               for line in (tmp_path / "ok" / "20260729T120000Z-test" / "prompts" /
+                            f"{s['name']}.jsonl").read_text().splitlines()]
+    assert [c["prompt"] for c in _Server.tokenize_calls] == prompts
+    assert {(c["model"], c["add_special_tokens"]) for c in _Server.tokenize_calls} == {
+        ("kimi-k3", True)}
+    calls_before = len(_calls(fake_vllm))
+    _Server.skew[0] = 1
+    try:
+        assert pr.main(_argv(receipt, server, tmp_path / "skew")) == 1
+    finally:
+        _Server.skew[0] = 0
+    index = json.loads(next((tmp_path / "skew").glob("*/index.json")).read_text())
+    assert index["status"] == "failed"
+    assert "count differently on the server" in index["problems"][0]
+    assert "here, " in index["problems"][0] and "on the server" in index["problems"][0]
+    assert len(_calls(fake_vllm)) == calls_before          # no request was sent

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -126,14 +127,17 @@ def test_the_serving_container_starts_through_the_start_script(receipt):
     assert mounts["/cache"] == "cache"
 
 
-def _run_start(tmp_path: Path, gate: str, driver: str, image: str) -> subprocess.CompletedProcess:
+def _run_start(tmp_path: Path, gate: str, driver: str | None, image: str) -> subprocess.CompletedProcess:
     """The rendered script under `sh`, with /cache moved into tmp_path, a stand-in
-    nvidia-smi, `gate` as the weights gate and an engine that prints its cache env."""
+    nvidia-smi (none for driver None, "" for one that prints nothing), `gate` as the
+    weights gate and an engine that prints its cache env."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\necho '{driver}, NVIDIA B300 SXM6 AC'\n")
-    smi.chmod(0o755)
+    if driver is not None:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho '{driver}, NVIDIA B300 SXM6 AC'\n" if driver
+                       else "#!/bin/sh\nexit 9\n")
+        smi.chmod(0o755)
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     script = start.script(gate).replace(start.CACHE_ROOT, str(cache))
@@ -165,6 +169,23 @@ def test_start_script_keys_the_cache_by_image_driver_and_gpu(tmp_path):
     newer = _run_start(tmp_path, "true", "595.10.02", image)
     other = next(ln for ln in newer.stdout.splitlines() if ln.startswith("k3-compile-cache "))
     assert f"key={key}" not in other and os.readlink(cache / "current") != f"k3-{key}"
+
+
+@pytest.mark.parametrize("driver,note", [
+    (None, "no nvidia-smi on PATH: the key holds no driver or GPU"),
+    ("", "nvidia-smi printed no GPU: the key holds no driver or GPU")])
+def test_a_key_without_a_gpu_says_so_in_the_start_line(tmp_path, driver, note):
+    """Issue 27: on a node without nvidia-smi (a CPU node) the key silently became
+    gpu="unknown"."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an nvidia-smi on PATH")
+    run = _run_start(tmp_path, "true", driver, "r@sha256:" + "1" * 64)
+    assert run.returncode == 0, run.stderr
+    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("k3-compile-cache "))
+    assert line.endswith(f'gpu="unknown" image=sha256:{"1" * 64} note="{note}"'), line
+    (tmp_path / "gpu").mkdir()
+    with_gpu = _run_start(tmp_path / "gpu", "true", "590.44.01", "r@sha256:" + "1" * 64)
+    assert "note=" not in with_gpu.stdout
 
 
 def test_a_refusing_gate_stops_the_start_before_the_engine(tmp_path):

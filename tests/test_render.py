@@ -85,9 +85,9 @@ def test_secrets_never_written(tmp_path):
         text = path.read_text()
         assert API_KEY not in text and HF_TOKEN not in text, path
     secrets = {m["metadata"]["name"]: m for m in r.manifests() if m["kind"] == "Secret"}
-    # the key, and the proxy's config and key map (the map holds the key)
-    assert secrets["kimi-k3-api-key"]["stringData"] == {
-        "api-key": "[secret]", "nginx.conf": "[secret]", "keys.map": "[secret]"}
+    # the key and the proxy's key map (it holds the key); nginx.conf is a ConfigMap's
+    assert secrets["kimi-k3-api-key"]["stringData"] == {"api-key": "[secret]",
+                                                        "keys.map": "[secret]"}
     assert secrets["kimi-k3-hf-token"]["stringData"] == {"token": "[secret]"}
 
 
@@ -247,3 +247,21 @@ def test_upstream_profile_on_a_template_needs_only_the_image(stack, tmp_path, ca
     assert code == 2
     assert ("k3:engineImage = None: is required with k3:profile = upstream: a released vLLM "
             "image pinned by digest") in capsys.readouterr().err
+
+
+def test_the_proxys_config_reads_as_a_file_in_the_render(tmp_path):
+    """Issue 27: a render masked the whole API-key Secret, nginx.conf included. The
+    config is a ConfigMap now, written as a literal block; the Secret shows no value."""
+    import yaml
+
+    r = render("existing", PIN, f"apiKey={API_KEY}")
+    write_render(r, tmp_path)
+    path = next((tmp_path / "manifests").glob("*-configmap-kimi-k3-proxy.yaml"))
+    text = path.read_text()
+    assert "  nginx.conf: |\n" in text and "\n    worker_processes 2;\n" in text
+    assert "\n            include /etc/k3-proxy/keys.map;\n" in text and API_KEY not in text
+    assert yaml.safe_load(text)["data"] == next(
+        m for m in r.manifests() if m["metadata"]["name"] == "kimi-k3-proxy")["data"]
+    secret = yaml.safe_load(next((tmp_path / "manifests").glob("*-secret-kimi-k3-api-key.yaml"))
+                            .read_text())
+    assert secret["stringData"] == {"keys.map": "[secret]", "api-key": "[secret]"}

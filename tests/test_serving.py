@@ -261,15 +261,21 @@ def test_the_proxy_is_the_pods_only_listener():
     assert sc["runAsUser"] == 10101 and sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
     vols = {v["name"]: v for v in pod["volumes"]}
-    assert vols["proxy"]["secret"]["secretName"] == "kimi-k3-api-key"
-    assert vols["proxy"]["secret"]["items"] == [{"key": "nginx.conf", "path": "nginx.conf"},
-                                               {"key": "keys.map", "path": "keys.map"}]
+    # nginx.conf from a ConfigMap (no secret in it), the key map from the API-key Secret
+    assert vols["proxy"] == {"name": "proxy", "projected": {"defaultMode": 0o440, "sources": [
+        {"configMap": {"name": "kimi-k3-proxy",
+                       "items": [{"key": "nginx.conf", "path": "nginx.conf"}]}},
+        {"secret": {"name": "kimi-k3-api-key",
+                    "items": [{"key": "keys.map", "path": "keys.map"}]}}]}}
     ann = sts["spec"]["template"]["metadata"]["annotations"]
     assert ann["k3infra.dev/proxy-config"].startswith("sha256:")
     secret = manifest(r, "Secret", "kimi-k3-api-key")
-    assert set(secret["stringData"]) == {"api-key", "nginx.conf", "keys.map"}
-    # the whole Secret is a Pulumi secret: a render shows none of it
-    assert set(secret["stringData"].values()) == {"[secret]"}
+    assert secret["stringData"] == {"api-key": "[secret]", "keys.map": "[secret]"}
+    # a user reads the proxy's config in a render (issue 27)
+    rendered = manifest(r, "ConfigMap", "kimi-k3-proxy")["data"]["nginx.conf"]
+    assert "listen 8000;" in rendered and "include /etc/k3-proxy/keys.map;" in rendered
+    assert ann["k3infra.dev/proxy-config"] == (
+        "sha256:" + __import__("hashlib").sha256(rendered.encode()).hexdigest())
     conf = proxy.nginx_conf(r.config if hasattr(r, "config") else parse_stack_config(
         {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": "r/v@sha256:" + "1" * 64}, receipt=load_receipt()))
     assert "listen 8000;" in conf and "server 127.0.0.1:8001;" in conf
@@ -318,3 +324,44 @@ def test_statefulset_takes_its_fields_back_from_other_managers():
     real API server showed it, tests/e2e/test_apiserver_stack.py)."""
     sts = manifest(render(), "StatefulSet")
     assert sts["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+
+
+def test_nginx_workers_follow_the_proxys_cpu_limit():
+    """Issue 27: `worker_processes 4` under a 2-CPU limit; one worker per CPU of the limit."""
+    r = render("existing", PIN)
+    conf = manifest(r, "ConfigMap", "kimi-k3-proxy")["data"]["nginx.conf"]
+    assert "\nworker_processes 2;\n" in conf
+    assert container(r, "proxy")["resources"] == {"requests": {"cpu": "1", "memory": "256Mi"},
+                                                  "limits": {"cpu": "2", "memory": "512Mi"}}
+    small = render("existing", PIN, "serving.proxyResources.cpu=0.25",
+                   "serving.proxyResources.cpuLimit=0.5",
+                   "serving.proxyResources.memoryGi=0.0625")
+    assert "\nworker_processes 1;\n" in manifest(small, "ConfigMap", "kimi-k3-proxy")["data"][
+        "nginx.conf"]
+    assert container(small, "proxy")["resources"] == {
+        "requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+    from k3infra.weights import source_server
+
+    assert source_server.NGINX_RESOURCES["limits"]["cpu"] == "8"
+
+
+def test_a_request_above_its_limit_is_refused_with_the_key():
+    from k3infra.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config({"weightsRevision": GOOD_REVISION, "apiKey": "k",
+                            "engineImage": "r/v@sha256:" + "1" * 64,
+                            "serving": {"proxyResources": {"cpu": 3}}}, receipt=load_receipt())
+    assert "k3:serving.proxyResources" in str(err.value)
+    assert "cpu 3 is above cpuLimit 2" in str(err.value)
+
+
+def test_the_engines_tmp_is_a_stack_key():
+    """Issue 27: a 16Gi /tmp emptyDir is more than a small test node's disk may spare."""
+    def tmp(r):
+        vols = manifest(r, "StatefulSet")["spec"]["template"]["spec"]["volumes"]
+        return next(v for v in vols if v["name"] == "tmp")
+
+    assert tmp(render("existing", PIN)) == {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}
+    assert tmp(render("existing", PIN, "serving.tmpSizeGi=2")) == {
+        "name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}}

@@ -108,12 +108,11 @@ def running():
              "enginePort": engine.server_address[1]}
     cfg = parse_stack_config({"weightsRevision": "a" * 40, "apiKey": KEY,
                               "engineImage": "r/vllm@sha256:" + "1" * 64, "serving": ports}, receipt=load_receipt())
-    files = proxy.secret_files(cfg, KEY)
-    (tmp / proxy.KEYS_KEY).write_text(files[proxy.KEYS_KEY])
+    (tmp / proxy.KEYS_KEY).write_text(proxy.secret_files(KEY)[proxy.KEYS_KEY])
     conf = proxy.nginx_conf(cfg, keys_file=str(tmp / proxy.KEYS_KEY), tmp_dir=str(tmp))
     # The product's text with only the key file and temp dir moved.
     assert conf.replace(str(tmp / proxy.KEYS_KEY), f"{proxy.CONF_DIR}/{proxy.KEYS_KEY}") \
-               .replace(str(tmp), proxy.TMP_DIR) == files[proxy.CONF_KEY]
+               .replace(str(tmp), proxy.TMP_DIR) == proxy.config_files(cfg)[proxy.CONF_KEY]
     (tmp / "nginx.conf").write_text(conf)
     # The access log goes to /dev/stdout: a file the proxy's user owns, as runc hands a
     # container its stdio.
@@ -289,3 +288,71 @@ def test_the_access_log_never_holds_the_key(running):
     log = running["access_log"].read_text()
     assert '"POST /v1/completions" 200' in log and '"POST /invocations" 404' in log
     assert KEY not in log and KEY.replace("+", "%2B") not in log
+
+
+def test_the_benchmarks_tokenize_passes_with_the_key_only(running):
+    """Issue 27: `vllm bench serve` through the proxy found no /tokenize; the benchmark
+    Job holds Workload A's lengths to the server's own count, POST /tokenize with the
+    key. Without the key (vLLM's --api-key does not guard it) it is 401; nothing else
+    of the tokenizer router passes."""
+    box: dict = {}
+    seen = reached_engine(lambda: box.update(r=call(running["port"], "POST", "/tokenize",
+                                                    f"Bearer {KEY}")))
+    assert box["r"][0] == 200 and seen == [("POST", "/tokenize", f"Bearer {KEY}")]
+    for auth in (None, f"Bearer {KEY}x"):
+        seen = reached_engine(lambda: box.update(r=call(running["port"], "POST", "/tokenize",
+                                                        auth)))
+        assert box["r"][0] == 401 and seen == []
+    for method, path, status in (("GET", "/tokenize", 403), ("POST", "/detokenize", 404),
+                                 ("GET", "/tokenizer_info", 404)):
+        seen = reached_engine(lambda: box.update(r=call(running["port"], method, path,
+                                                        f"Bearer {KEY}")))
+        assert box["r"][0] == status and seen == [], (method, path)
+
+
+def test_the_access_log_needs_stdout_owned_by_the_proxys_user(tmp_path):
+    """Issue 27: run by hand with a stdout owned by root, nginx (as the proxy's user)
+    could not open /dev/stdout. nginx 1.22 reopens the access log by path (`access_log
+    stderr` would be a file named `stderr`), so the log needs the fd's owner to be the
+    container's user: runc does that for every container (libcontainer's
+    fixStdioPermissions fchowns PID 1's stdio to the process user), so a pod's and a
+    Compose service's proxy log; a hand-made harness must do the same. Both sides,
+    with the real nginx: a root-owned pipe (what containerd hands runc) is refused with
+    the path named, the same pipe chowned as runc does is accepted."""
+    import os
+
+    if not NGINX:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx-light)")
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run nginx as the proxy's user")
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="k3-proxy-stdout-"))
+    try:
+        cfg = parse_stack_config({"weightsRevision": "a" * 40, "apiKey": KEY,
+                                  "engineImage": "r/vllm@sha256:" + "1" * 64},
+                                 receipt=load_receipt())
+        (tmp / proxy.KEYS_KEY).write_text(proxy.secret_files(KEY)[proxy.KEYS_KEY])
+        (tmp / "nginx.conf").write_text(proxy.nginx_conf(cfg, keys_file=str(tmp / proxy.KEYS_KEY),
+                                                         tmp_dir=str(tmp)))
+        as_pod = as_proxy_user(tmp)
+
+        def nginx_test(chown: bool) -> subprocess.CompletedProcess:
+            read, write = os.pipe()
+            if chown:
+                os.fchown(write, proxy.PROXY_UID, proxy.PROXY_UID)
+            try:
+                return subprocess.run([*as_pod, NGINX, "-t", "-e", "stderr", "-c",
+                                       str(tmp / "nginx.conf")], stdout=write,
+                                      stderr=subprocess.PIPE, text=True, timeout=30)
+            finally:
+                os.close(write)
+                os.close(read)
+
+        refused = nginx_test(chown=False)
+        assert refused.returncode != 0
+        assert 'open() "/dev/stdout" failed (13: Permission denied)' in refused.stderr
+        accepted = nginx_test(chown=True)
+        assert accepted.returncode == 0, accepted.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

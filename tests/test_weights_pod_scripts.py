@@ -211,3 +211,69 @@ def test_an_unusable_weights_root_fails_with_the_reason(tmp_path, repo_files):
         res = job.start()
     assert res.returncode != 0
     assert "is not writable by uid" in res.stderr and "docs/weights.md" in res.stderr
+
+
+def runtime_copies(tmp: Path) -> list[str]:
+    return sorted(p.name for p in (tmp / "pod-tmp").iterdir() if p.name.startswith("k3-runtime-"))
+
+
+def test_restarts_leave_no_runtime_copy_behind_and_touch_nothing_foreign(tmp_path, repo_files):
+    """Issue 27: every start left a /tmp/k3-runtime-* directory in the container's /tmp
+    (an emptyDir, kept across restarts). The gate's copy goes when the gate ends; the
+    prefetch's (its script runs from it) when the next start finds nobody holds it.
+    Another writer of /tmp cannot make a start delete anything of its choosing."""
+    with LoopbackHub(REPO, repo_files, commit=GOOD_REVISION) as hub:
+        _runtime, job, serving = setup(tmp_path, repo_files, hub)
+        pod_tmp = tmp_path / "pod-tmp"
+        victim = tmp_path / "victim"
+        victim.mkdir()
+        (victim / "keep").write_text("x")
+        (pod_tmp / "k3-runtime-planted").symlink_to(victim)           # a symlink
+        (pod_tmp / "k3-runtime-nolock").mkdir()                       # no lock: not ours
+        foreign = pod_tmp / "k3-runtime-foreign"
+        if os.geteuid() == 0:                                         # another uid's
+            foreign.mkdir()
+            (foreign / ".lock").write_text("")
+            os.chown(foreign, 4242, 4242)
+        planted = runtime_copies(tmp_path)
+        for _ in range(3):                                 # the Job's container restarts
+            assert job.start().returncode == 0
+        left = [n for n in runtime_copies(tmp_path) if n not in planted]
+        assert len(left) == 1                              # the last run's, released
+    for _ in range(3):
+        res = serving.start()
+        assert res.returncode == 0, res.stderr
+    assert vllm_starts(tmp_path) == 3
+    assert runtime_copies(tmp_path) == planted             # the prefetch's copy removed too
+    assert (victim / "keep").read_text() == "x"
+    if os.geteuid() == 0:
+        assert (foreign / ".lock").exists()
+    copy = next(p for p in pod_tmp.iterdir() if p.name == "k3-runtime-nolock")
+    assert copy.is_dir()
+
+
+def test_a_copy_in_use_is_never_removed(tmp_path):
+    """The copy a running program uses (its flock, inherited across exec) survives
+    another start in the same /tmp; once that program is gone, the next start removes it."""
+    src, pod_tmp = tmp_path / "runtime", tmp_path / "pod-tmp"
+    src.mkdir()
+    pod_tmp.mkdir()
+    (src / "hold.sh").write_text('echo started; read line\n')          # runs until stdin closes
+    (src / "done.sh").write_text("exit 0\n")
+    pins = {n: hashlib.sha256((src / n).read_bytes()).hexdigest() for n in ("hold.sh", "done.sh")}
+    env = {"PATH": os.environ["PATH"], "K3_RUNTIME_DIR": str(src),
+           "K3_RUNTIME_SHA256": json.dumps(pins), "K3_RUNTIME_COPY_DIR": str(pod_tmp)}
+    boot = [sys.executable, "-c", w.bootstrap_source(), "sh"]
+    holder = subprocess.Popen([*boot, "hold.sh"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "started"
+        live = [p.name for p in pod_tmp.iterdir()]
+        assert len(live) == 1
+        assert subprocess.run([*boot, "done.sh"], env=env, timeout=30).returncode == 0
+        assert live[0] in [p.name for p in pod_tmp.iterdir()]       # in use: kept
+    finally:
+        holder.communicate(input="\n", timeout=30)
+    assert subprocess.run([*boot, "done.sh"], env=env, timeout=30).returncode == 0
+    left = [p.name for p in pod_tmp.iterdir()]
+    assert live[0] not in left and len(left) == 1                   # only the last start's

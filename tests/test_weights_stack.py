@@ -207,3 +207,44 @@ def test_a_hub_mirror_reaches_the_prefetch_only():
     assert "HF_ENDPOINT" not in env_of(
         manifest(render("existing", PIN), "Job", "kimi-k3-weights-prefetch")
         ["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_weights_pods_are_sized_by_stack_keys_for_a_small_node():
+    """Issue 27: the prefetch Job (16/32 CPU, 32/64 Gi), the gate and audit (8/32 CPU,
+    8/16 Gi) and 32 hashing workers fit no 2-CPU node; each is a key, these the defaults."""
+    pin = f"weightsRevision={GOOD_REVISION}"
+    r = render("existing", pin)
+    by = {(kind, name, c["name"]): c for kind, name, c in weights_containers(r)}
+    prefetch = next(c for (k, _, n), c in by.items() if k == "Job" and n == "prefetch")
+    assert prefetch["resources"] == {"requests": {"cpu": "16", "memory": "32Gi"},
+                                     "limits": {"cpu": "32", "memory": "64Gi"}}
+    audit = next(c for (k, _, n), c in by.items() if k == "CronJob")
+    assert audit["resources"] == {"requests": {"cpu": "8", "memory": "8Gi"},
+                                  "limits": {"cpu": "32", "memory": "16Gi"}}
+    assert {env_of(c)["K3_HASH_WORKERS"] for c in by.values()} == {"32"}
+    small = render("existing", pin, "weights.prefetchResources.cpu=0.5",
+                   "weights.prefetchResources.cpuLimit=2", "weights.prefetchResources.memoryGi=1",
+                   "weights.prefetchResources.memoryLimitGi=2", "weights.gateResources.cpu=0.25",
+                   "weights.gateResources.cpuLimit=1", "weights.gateResources.memoryGi=0.5",
+                   "weights.gateResources.memoryLimitGi=1", "weights.hashWorkers=2")
+    by = {(kind, name, c["name"]): c for kind, name, c in weights_containers(small)}
+    prefetch = next(c for (k, _, n), c in by.items() if k == "Job" and n == "prefetch")
+    assert prefetch["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                     "limits": {"cpu": "2", "memory": "2Gi"}}
+    audit = next(c for (k, _, n), c in by.items() if k == "CronJob")
+    assert audit["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"},
+                                  "limits": {"cpu": "1", "memory": "1Gi"}}
+    assert {env_of(c)["K3_HASH_WORKERS"] for c in by.values()} == {"2"}
+
+
+@pytest.mark.parametrize("assignment,accepted", [
+    ("weights.hashWorkers=0", "greater than or equal to 1"),
+    ("weights.prefetchResources.memoryGi=128", "memoryGi 128 is above memoryLimitGi 64"),
+    ("weights.gateResources.cpu=0.0005", "greater than or equal to 0.01"),
+    ("weights.gateResources.cpu=0.0125", "cpu 0.0125 is not a whole number of millicores"),
+])
+def test_a_weights_size_that_cannot_be_scheduled_is_refused(assignment, accepted):
+    with pytest.raises(ConfigError) as err:
+        render("existing", f"weightsRevision={GOOD_REVISION}", assignment)
+    assert err.value.key.startswith("k3:" + assignment.split("=")[0].rsplit(".", 1)[0])
+    assert accepted in str(err.value)

@@ -90,5 +90,5 @@ VLLM_ROUTES: tuple[tuple[str, str], ...] = (
 TRICK_PATHS: tuple[str, ...] = (
     "/", "/v1", "/v1/", "/v1/chat/completions/", "/V1/models", "/v1/models/kimi-k3",
     "/v1/models/../../invocations", "/v1/models%2F..%2F..%2Finvocations",
-    "/v1/chat/completions;/invocations", "/%761/models/../../tokenize", "/nonexistent",
+    "/v1/chat/completions;/invocations", "/%761/models/../../detokenize", "/nonexistent",
 )

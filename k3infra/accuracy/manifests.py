@@ -23,8 +23,6 @@ TASKS_DIR = f"{RUNTIME_DIR}/tasks"
 RUNNER = "runner.py"
 RESULTS_COMPONENT = "accuracy-results"
 JOB_SELECTOR = f"app.kubernetes.io/component={COMPONENT}"
-JOB_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"},
-                 "limits": {"cpu": "4", "memory": "16Gi"}}
 
 
 def AccuracyNames(base: str) -> clientjob.JobNames:
@@ -68,7 +66,7 @@ def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobName
     container = {
         "name": "accuracy", "image": cfg.accuracy.image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{RUNTIME_DIR}/{RUNNER}", *runner_args(cfg, base_url)],
-        "env": env, "resources": JOB_RESOURCES, "securityContext": container_security_context(),
+        "env": env, "resources": cfg.accuracy.resources.manifest(), "securityContext": container_security_context(),
         "volumeMounts": [{"name": "accuracy-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},
                          {"name": "tmp", "mountPath": "/tmp"}]}

@@ -34,8 +34,6 @@ READER_COMPONENT = naming.BENCHMARK_READER_COMPONENT
 # /health is already 200 when the Job starts (it runs after the StatefulSet is ready);
 # the wait covers a serving pod restarting in between.
 HEALTH_WAIT_SECONDS = 1800
-JOB_RESOURCES = {"requests": {"cpu": "4", "memory": "16Gi"},
-                 "limits": {"cpu": "8", "memory": "32Gi"}}
 READER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"},
                     "limits": {"cpu": "2", "memory": "4Gi"}}
 READER_LIFETIME_SECONDS = 900
@@ -143,7 +141,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
         "name": "bench", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{RUNTIME_DIR}/pod_runner.py",
                     *runner_args(receipt, cfg, base_url, weights.model_dir)],
-        "env": env, "resources": JOB_RESOURCES, "securityContext": container_security_context(),
+        "env": env, "resources": cfg.benchmark.resources.manifest(), "securityContext": container_security_context(),
         "volumeMounts": [*weight_mounts,
                          {"name": "bench-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},

@@ -115,6 +115,50 @@ def check_model(base_url: str, served_name: str, api_key: Optional[str]) -> None
         raise BenchmarkError(f"the server serves {ids}, not {served_name!r}")
 
 
+def _post_json(url: str, api_key: Optional[str], payload: dict,
+               timeout: float = 120.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+TOKENIZE_PATH = "/tokenize"
+
+
+def check_server_counts(base_url: str, served_name: str, api_key: Optional[str],
+                        prompts: Sequence["wl.Prompt"]) -> int:
+    """Workload A's lengths are tokens as the server counts them: every prompt's count
+    here (the served tree's tokenizer) is checked against the server's own, vLLM's
+    POST /tokenize behind the key (the same special tokens a /v1/completions prompt
+    gets). A difference refuses the run: its lengths would not be the receipt's.
+    (`vllm bench serve` itself calls /tokenize only for its random datasets, and
+    without the key; the Job's custom dataset never reaches that path.)"""
+    url = f"{base_url}{TOKENIZE_PATH}"
+    differ = []
+    for p in prompts:
+        status, body = _post_json(url, api_key, {"model": served_name, "prompt": p.text,
+                                                 "add_special_tokens": True})
+        if status != 200:
+            raise BenchmarkError(
+                f"POST {url} answered {status}: the benchmark needs the server's token "
+                "counts (the serving proxy passes POST /tokenize with the API key; "
+                "docs/benchmark.md)")
+        server = json.loads(body)["count"]
+        if server != p.tokens:
+            differ.append(f"{p.label}: {p.tokens} here, {server} on the server")
+    if differ:
+        raise BenchmarkError(
+            f"{len(differ)} of {len(prompts)} prompt(s) count differently on the server "
+            f"({'; '.join(differ[:3])}): the Job's tokenizer is not the served one")
+    return len(prompts)
+
+
 # --- vllm bench serve -----------------------------------------------------------------
 
 def bench_flags(help_text: str) -> set[str]:
@@ -243,6 +287,9 @@ def run(args: argparse.Namespace) -> int:
                                            args.block_size)
         if clashes:
             raise BenchmarkError(f"prompts share their first KV block: {clashes}")
+        checked = check_server_counts(args.base_url, args.served_model_name, api_key,
+                                      [p for s in sets for p in s.prompts])
+        log(f"{checked} prompt lengths agree with the server's {TOKENIZE_PATH}")
         meta = wl.manifest(sets, seed=args.seed, run_id=run_id, corpus_root=str(corpus_root),
                            corpus=corpus, min_tokens=args.min_tokens,
                            max_tokens=args.max_tokens,

@@ -31,6 +31,99 @@ class CustomConfig(_Section):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class ContainerResources(_Section):
+    """A container's CPU and memory: the requests the scheduler reserves on the node
+    and the limits. CPU in cores (0.5 is 500m), memory in GiB (0.25 is 256Mi). Each
+    use below is a subclass with that container's defaults, so a stack that sets one
+    number keeps the other three."""
+
+    cpu: float = Field(default=1, ge=0.01, le=1024)
+    cpu_limit: float = Field(default=1, ge=0.01, le=1024, alias="cpuLimit")
+    memory_gi: float = Field(default=1, ge=1 / 64, le=65536, alias="memoryGi")
+    memory_limit_gi: float = Field(default=1, ge=1 / 64, le=65536, alias="memoryLimitGi")
+
+    @model_validator(mode="after")
+    def _request_within_limit(self) -> "ContainerResources":
+        # Kubernetes refuses a request above its limit; say so before anything exists.
+        if self.cpu > self.cpu_limit:
+            raise ValueError(f"cpu {self.cpu:g} is above cpuLimit {self.cpu_limit:g}; "
+                             "a request must be at most its limit")
+        if self.memory_gi > self.memory_limit_gi:
+            raise ValueError(f"memoryGi {self.memory_gi:g} is above memoryLimitGi "
+                             f"{self.memory_limit_gi:g}; a request must be at most its limit")
+        for name, value, unit in (("cpu", self.cpu, 1000), ("cpuLimit", self.cpu_limit, 1000),
+                                  ("memoryGi", self.memory_gi, 1024),
+                                  ("memoryLimitGi", self.memory_limit_gi, 1024)):
+            if abs(value * unit - round(value * unit)) > 1e-6:
+                raise ValueError(f"{name} {value:g} is not a whole number of "
+                                 f"{'millicores' if unit == 1000 else 'MiB'}")
+        return self
+
+    def manifest(self) -> dict:
+        """The container's `resources`, as Kubernetes quantities ("16", "500m", "32Gi",
+        "256Mi")."""
+        return {"requests": {"cpu": cpu_quantity(self.cpu), "memory": memory_quantity(self.memory_gi)},
+                "limits": {"cpu": cpu_quantity(self.cpu_limit),
+                           "memory": memory_quantity(self.memory_limit_gi)}}
+
+
+def cpu_quantity(cores: float) -> str:
+    milli = round(cores * 1000)
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def memory_quantity(gi: float) -> str:
+    mi = round(gi * 1024)
+    return f"{mi // 1024}Gi" if mi % 1024 == 0 else f"{mi}Mi"
+
+
+# The defaults are the sizes of the receipt's 8-GPU node; a small node (a CPU test
+# node, a small pool) lowers them (docs/configuration.md).
+class PrefetchResources(ContainerResources):
+    """The prefetch Job: parallel downloads and hashing of a 1.5 TB tree."""
+
+    cpu: float = Field(default=16, ge=0.01, le=1024)
+    cpu_limit: float = Field(default=32, ge=0.01, le=1024, alias="cpuLimit")
+    memory_gi: float = Field(default=32, ge=1 / 64, le=65536, alias="memoryGi")
+    memory_limit_gi: float = Field(default=64, ge=1 / 64, le=65536, alias="memoryLimitGi")
+
+
+class GateResources(ContainerResources):
+    """The weights gate alone: the audit CronJob and the gate before a weights reader."""
+
+    cpu: float = Field(default=8, ge=0.01, le=1024)
+    cpu_limit: float = Field(default=32, ge=0.01, le=1024, alias="cpuLimit")
+    memory_gi: float = Field(default=8, ge=1 / 64, le=65536, alias="memoryGi")
+    memory_limit_gi: float = Field(default=16, ge=1 / 64, le=65536, alias="memoryLimitGi")
+
+
+class ProxyResources(ContainerResources):
+    """The serving pod's nginx proxy; its CPU limit is also its worker count."""
+
+    cpu: float = Field(default=1, ge=0.01, le=1024)
+    cpu_limit: float = Field(default=2, ge=0.01, le=1024, alias="cpuLimit")
+    memory_gi: float = Field(default=0.25, ge=1 / 64, le=65536, alias="memoryGi")
+    memory_limit_gi: float = Field(default=0.5, ge=1 / 64, le=65536, alias="memoryLimitGi")
+
+
+class BenchmarkResources(ContainerResources):
+    """The benchmark Job: `vllm bench serve` and the tokenizer of Workload A."""
+
+    cpu: float = Field(default=4, ge=0.01, le=1024)
+    cpu_limit: float = Field(default=8, ge=0.01, le=1024, alias="cpuLimit")
+    memory_gi: float = Field(default=16, ge=1 / 64, le=65536, alias="memoryGi")
+    memory_limit_gi: float = Field(default=32, ge=1 / 64, le=65536, alias="memoryLimitGi")
+
+
+class AccuracyResources(ContainerResources):
+    """The accuracy Job: lm-eval as a client."""
+
+    cpu: float = Field(default=2, ge=0.01, le=1024)
+    cpu_limit: float = Field(default=4, ge=0.01, le=1024, alias="cpuLimit")
+    memory_gi: float = Field(default=8, ge=1 / 64, le=65536, alias="memoryGi")
+    memory_limit_gi: float = Field(default=16, ge=1 / 64, le=65536, alias="memoryLimitGi")
+
+
 class ServingConfig(_Section):
     """Pod sizing and the storage the serving pod reads (k3:serving)."""
 
@@ -39,8 +132,10 @@ class ServingConfig(_Section):
     # startup budget more generous, a fast one kills pods still loading.
     storage_read_gbps: float = Field(default=2.0, gt=0, alias="storageReadGBps")
     shm_size_gi: int = Field(default=64, ge=1, alias="shmSizeGi")
-    cpu: int = Field(default=96, ge=8)
-    memory_gi: int = Field(default=1536, ge=64, alias="memoryGi")
+    # The vLLM container's request = limit. The defaults are the receipt's node; the
+    # lower bounds are a small CPU node's (docs/configuration.md).
+    cpu: int = Field(default=96, ge=1)
+    memory_gi: int = Field(default=1536, ge=1, alias="memoryGi")
     cache_size_gi: int = Field(default=100, ge=1, alias="cacheSizeGi")
     cache_storage_class: Optional[str] = Field(default=None, alias="cacheStorageClass")
     termination_grace_seconds: int = Field(default=180, ge=30, alias="terminationGraceSeconds")
@@ -62,6 +157,9 @@ class ServingConfig(_Section):
     health_port: int = Field(default=8081, ge=1024, le=65535, alias="healthPort")
     engine_port: int = Field(default=8001, ge=1024, le=65535, alias="enginePort")
     proxy_image: str = Field(default=PROXY_IMAGE, alias="proxyImage")
+    proxy_resources: ProxyResources = Field(default_factory=ProxyResources, alias="proxyResources")
+    # The vLLM container's /tmp (an emptyDir: the gate's runtime copy, vLLM's scratch).
+    tmp_size_gi: int = Field(default=16, ge=1, le=4096, alias="tmpSizeGi")
 
     @field_validator("proxy_image")
     @classmethod
@@ -150,6 +248,14 @@ class WeightsConfig(_Section):
     # A full re-verify of every copy on this cron schedule (a CronJob, read-only mount);
     # "disabled" turns it off.
     audit_schedule: Optional[str] = Field(default="30 4 * * 0", alias="auditSchedule")
+    prefetch_resources: PrefetchResources = Field(default_factory=PrefetchResources,
+                                                  alias="prefetchResources")
+    gate_resources: GateResources = Field(default_factory=GateResources, alias="gateResources")
+    # Files hashed in parallel by the prefetch, the gate and the audit. The gate reads
+    # 1.56 TB before every engine start: on a B300 node (192 vCPUs) 32 threads hash
+    # ~50 GB/s, above what the local NVMe array reads (docs/weights.md), so the disk
+    # stays the limit; a small node sets about its CPUs.
+    hash_workers: int = Field(default=32, ge=1, le=256, alias="hashWorkers")
 
     @field_validator("node_local_root")
     @classmethod
@@ -387,6 +493,7 @@ class BenchmarkConfig(_Section):
     results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
     # The Job's deadline and how long `pulumi up` waits for it.
     timeout_minutes: int = Field(default=90, ge=10, le=1440, alias="timeoutMinutes")
+    resources: BenchmarkResources = Field(default_factory=BenchmarkResources)
     # "wide": the receipt's wider sweep (workload_a.wide_sweep: concurrency 32 and 128,
     # 2048-token outputs) instead of `concurrencies`; reported as new evidence.
     sweep: Optional[Literal["wide"]] = None
@@ -419,6 +526,7 @@ class AccuracyConfig(_Section):
     timeout_minutes: int = Field(default=60, ge=5, le=1440, alias="timeoutMinutes")
     results_size_gi: int = Field(default=1, ge=1, alias="resultsSizeGi")
     results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
+    resources: AccuracyResources = Field(default_factory=AccuracyResources)
 
     @field_validator("tasks")
     @classmethod

@@ -7,8 +7,7 @@ api_key_auth filter reads the `Authorization` header and drops a leading `Bearer
 before it compares, so clients send the same header as to vLLM, and the header is
 forwarded unchanged (the in-pod proxy checks it again). The keys Secret is its own,
 filled from the same Pulumi secret (k3:apiKey): the serving Secret also holds the
-proxy's nginx.conf and key map, which as data keys of a credentials Secret would
-become valid keys.
+proxy's key map, which as a data key of a credentials Secret would become a valid key.
 
 kgateway, Istio and GKE: no policy is rendered (docs/gateway.md names each one's
 equivalent); the render says so, and the key is then checked in the pods only.

@@ -1,5 +1,6 @@
-"""The Gateway and its HTTPRoute: only the OpenAI routes the serving pods' proxy allows
-(k3infra.serving.proxy.ALLOWED_ROUTES, the one list), each to the InferencePool. Every
+"""The Gateway and its HTTPRoute: only the OpenAI inference routes the serving pods' proxy
+allows (k3infra.serving.proxy.INFERENCE_ROUTES, the one list; not the benchmark's
+/tokenize), each to the InferencePool. Every
 other path gets the gateway's own 404 and never reaches a pod."""
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.versions import GATEWAY_GROUP, INFERENCE_GROUP
 from k3infra.serving import manifests as m
-from k3infra.serving.proxy import ALLOWED_ROUTES, READ_TIMEOUT_SECONDS
+from k3infra.serving.proxy import INFERENCE_ROUTES, READ_TIMEOUT_SECONDS
 
 
 def gateway(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
@@ -36,7 +37,7 @@ def http_route(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
             "spec": {"parentRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway",
                                      "name": names.gateway}],
                      "rules": [{"matches": [{"path": {"type": "Exact", "value": r.path},
-                                             "method": r.method} for r in ALLOWED_ROUTES],
+                                             "method": r.method} for r in INFERENCE_ROUTES],
                                 "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool",
                                                  "name": names.pool}],
                                 "timeouts": {"request": f"{READ_TIMEOUT_SECONDS}s"}}]}}

@@ -24,7 +24,7 @@ from k3infra.weights.manifests import GATE_CHECK, WeightsParts
 APP = naming.APP
 CACHE_ROOT = start.CACHE_ROOT         # the compile-cache volume (survives pod restarts)
 API_KEY_SECRET_KEY = "api-key"
-PROXY_SECRET_VOLUME = "proxy"
+PROXY_CONF_VOLUME = "proxy"
 # vLLM answers only inside the pod (the proxy is its one client).
 ENGINE_HOST = "127.0.0.1"
 # Endpoints and kube-proxy / load balancers need a few seconds to stop sending new
@@ -59,6 +59,10 @@ class ServingNames:
     @property
     def api_key_secret(self) -> str:
         return f"{self.base}-api-key"
+
+    @property
+    def proxy_config(self) -> str:
+        return f"{self.base}-proxy"
 
     @property
     def hf_token_secret(self) -> str:
@@ -276,11 +280,12 @@ def serving_pod_spec(cfg: StackConfig, weights: WeightsParts, names: ServingName
         "tolerations": placement.tolerations(),
         "containers": containers,
         "volumes": [*weights.volumes,
-                    *(proxy.volumes(names.api_key_secret, PROXY_SECRET_VOLUME) if with_proxy else []),
+                    *(proxy.volumes(names.proxy_config, names.api_key_secret, PROXY_CONF_VOLUME)
+                      if with_proxy else []),
                     # NCCL and the 8 TP workers exchange through /dev/shm: memory-backed.
                     {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                   "sizeLimit": f"{cfg.serving.shm_size_gi}Gi"}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}],
+                    {"name": "tmp", "emptyDir": {"sizeLimit": f"{cfg.serving.tmp_size_gi}Gi"}}],
     }
     if resource_claims:
         spec["resourceClaims"] = list(resource_claims)
@@ -306,7 +311,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
     pod_spec = serving_pod_spec(
         cfg, weights, names,
         [vllm_container(receipt, cfg, image, weights, names, budget),
-         proxy.container(cfg, PROXY_SECRET_VOLUME)],
+         proxy.container(cfg, PROXY_CONF_VOLUME)],
         {"nodeAffinity": placement.node_affinity(
             [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
          "podAntiAffinity": placement.one_replica_per_node(sel)})
@@ -339,12 +344,20 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
     }
 
 
-def api_key_secret(cfg: StackConfig, names: ServingNames, instance: str, value: Any) -> dict:
-    """The API key, and the proxy's config and key map (k3infra/serving/proxy.py)."""
+def api_key_secret(names: ServingNames, instance: str, value: Any) -> dict:
+    """The API key, and the proxy's key map (it holds the key; k3infra/serving/proxy.py)."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": names.api_key_secret, "namespace": names.namespace,
                          "labels": labels(instance)},
-            "stringData": {API_KEY_SECRET_KEY: value, **proxy.secret_files(cfg, value)}}
+            "stringData": {API_KEY_SECRET_KEY: value, **proxy.secret_files(value)}}
+
+
+def proxy_configmap(cfg: StackConfig, names: ServingNames, instance: str) -> dict:
+    """The proxy's nginx.conf: no secret in it, so a render shows it."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": names.proxy_config, "namespace": names.namespace,
+                         "labels": labels(instance)},
+            "data": proxy.config_files(cfg)}
 
 
 def hf_token_secret(names: ServingNames, instance: str, value: Any) -> dict:

@@ -18,6 +18,9 @@ file (no templating at start, no shell). Envoy does the same with a far larger c
 surface; oauth2-proxy and similar do OIDC logins, not static bearer keys.
 
 Pure: (config, key) -> the nginx.conf text, the key map text, the container, volumes.
+The config holds no secret and lives in a ConfigMap (a render shows it); only the key
+map, which holds the key, is in the API-key Secret. One projected volume puts both in
+CONF_DIR.
 """
 from __future__ import annotations
 
@@ -54,11 +57,17 @@ class Route:
     path: str
 
 
-# The OpenAI routes clients may call, each only with the key. Anything else vLLM serves
-# (tokenizer, SageMaker, pooling, dev-mode, LoRA, profiler, docs, realtime...) is 404.
-ALLOWED_ROUTES = (Route("POST", "/v1/chat/completions"),
-                  Route("POST", "/v1/completions"),
-                  Route("GET", "/v1/models"))
+# The OpenAI routes clients may call, each only with the key (the gateway's too).
+INFERENCE_ROUTES = (Route("POST", "/v1/chat/completions"),
+                    Route("POST", "/v1/completions"),
+                    Route("GET", "/v1/models"))
+# The server's own token count, with the key: the benchmark Job holds Workload A's
+# lengths to it (k3infra/bench/pod_runner.py). It tokenizes, runs no inference, and
+# vLLM's own --api-key does not guard it, so only the proxy does. /detokenize is not
+# needed (the Job refuses a mismatch instead of re-aligning) and stays 404. Anything
+# else vLLM serves (SageMaker, pooling, dev-mode, LoRA, profiler, docs, realtime...)
+# is 404.
+ALLOWED_ROUTES = (*INFERENCE_ROUTES, Route("POST", "/tokenize"))
 
 
 def keys_map(api_key: str) -> str:
@@ -100,7 +109,7 @@ def nginx_conf(cfg: StackConfig, keys_file: str = f"{CONF_DIR}/{KEYS_KEY}",
     upstream = "vllm"
     api = "".join(_authorized_location(r, upstream) for r in ALLOWED_ROUTES)
     return nginx.preamble("k3infra authenticating proxy (rendered by k3infra.serving.proxy).",
-                          tmp_dir, 4096) + f"""    client_max_body_size {MAX_BODY};
+                          tmp_dir, 4096, s.proxy_resources.cpu_limit) + f"""    client_max_body_size {MAX_BODY};
     map $http_authorization $k3_authorized {{
         default 0;
         include {keys_file};
@@ -134,7 +143,8 @@ def nginx_conf(cfg: StackConfig, keys_file: str = f"{CONF_DIR}/{KEYS_KEY}",
 
 
 def conf_digest(cfg: StackConfig) -> str:
-    """On the pod template: a changed proxy config rolls the pods (a Secret does not)."""
+    """On the pod template: a changed proxy config rolls the pods (a changed ConfigMap
+    does not)."""
     return "sha256:" + hashlib.sha256(nginx_conf(cfg).encode()).hexdigest()
 
 
@@ -143,7 +153,7 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict:
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def container(cfg: StackConfig, secret_volume: str) -> dict:
+def container(cfg: StackConfig, conf_volume: str) -> dict:
     s = cfg.serving
     return {
         "name": CONTAINER,
@@ -154,8 +164,7 @@ def container(cfg: StackConfig, secret_volume: str) -> dict:
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"},
                   {"name": "health", "containerPort": s.health_port, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "1", "memory": "256Mi"},
-                      "limits": {"cpu": "2", "memory": "512Mi"}},
+        "resources": s.proxy_resources.manifest(),
         # Ready only when vLLM is: the pod takes traffic once both are up.
         "readinessProbe": _probe(HEALTH_PATH, "health", 10, 3),
         # Alive is nginx itself: a loading engine must not restart the proxy.
@@ -164,24 +173,30 @@ def container(cfg: StackConfig, secret_volume: str) -> dict:
                             "runAsNonRoot": True, "runAsUser": PROXY_UID,
                             "runAsGroup": PROXY_UID, "capabilities": {"drop": ["ALL"]},
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "volumeMounts": [{"name": secret_volume, "mountPath": CONF_DIR, "readOnly": True},
+        "volumeMounts": [{"name": conf_volume, "mountPath": CONF_DIR, "readOnly": True},
                          {"name": "proxy-tmp", "mountPath": TMP_DIR}],
     }
 
 
-def volumes(secret_name: str, secret_volume: str) -> list[dict]:
-    return [{"name": secret_volume, "secret": {
-                "secretName": secret_name, "defaultMode": 0o440,
-                "items": [{"key": CONF_KEY, "path": CONF_KEY},
-                          {"key": KEYS_KEY, "path": KEYS_KEY}]}},
+def volumes(configmap_name: str, secret_name: str, conf_volume: str) -> list[dict]:
+    """CONF_DIR: nginx.conf from the ConfigMap, keys.map from the API-key Secret."""
+    return [{"name": conf_volume, "projected": {
+                "defaultMode": 0o440,
+                "sources": [{"configMap": {"name": configmap_name,
+                                           "items": [{"key": CONF_KEY, "path": CONF_KEY}]}},
+                            {"secret": {"name": secret_name,
+                                        "items": [{"key": KEYS_KEY, "path": KEYS_KEY}]}}]}},
             {"name": "proxy-tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
 
 
-def secret_files(cfg: StackConfig, api_key: Any) -> dict[str, Any]:
-    """The proxy's files in the API-key Secret: its config and the key map. `api_key`
-    is the plaintext or a Pulumi Output (then the map is an Output too)."""
+def config_files(cfg: StackConfig) -> dict[str, str]:
+    """The proxy's ConfigMap data: its config, no secret in it."""
+    return {CONF_KEY: nginx_conf(cfg)}
+
+
+def secret_files(api_key: Any) -> dict[str, Any]:
+    """The proxy's file in the API-key Secret: the key map. `api_key` is the plaintext
+    or a Pulumi Output (then the map is an Output too)."""
     if isinstance(api_key, str):
-        keys = keys_map(api_key)
-    else:
-        keys = api_key.apply(keys_map)
-    return {CONF_KEY: nginx_conf(cfg), KEYS_KEY: keys}
+        return {KEYS_KEY: keys_map(api_key)}
+    return {KEYS_KEY: api_key.apply(keys_map)}

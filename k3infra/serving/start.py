@@ -56,8 +56,13 @@ _CACHE_KEY = (
     "printf 'image=%s\\ngpu=%s\\n' \"$k3_image\" \"${k3_gpu:-unknown}\" > \"$k3_dir/KEY\"; "
     f'ln -sfn "k3-$k3_key" {CACHE_ROOT}/.current.new && mv -Tf {CACHE_ROOT}/.current.new {CURRENT} '
     '|| exit 1; '
+    # No GPU seen: the key still works (image only), but the line says why it is
+    # "unknown" instead of passing for a keyed driver and GPU.
+    'k3_note=; if [ -z "$k3_gpu" ]; then if command -v nvidia-smi >/dev/null 2>&1; '
+    "then k3_note=' note=\"nvidia-smi printed no GPU: the key holds no driver or GPU\"'; "
+    "else k3_note=' note=\"no nvidia-smi on PATH: the key holds no driver or GPU\"'; fi; fi; "
     f'echo "{CACHE_PREFIX} key=$k3_key dir=$k3_dir gpu=\\"${{k3_gpu:-unknown}}\\" '
-    'image=$k3_image"')
+    'image=$k3_image$k3_note"')
 
 
 def script(gate_check: str) -> str:

@@ -28,10 +28,6 @@ RUNTIME_PACKAGE = "k3weights"           # the runtime package's name inside pods
 POD_SCRIPTS = ("prefetch.sh", "check-lock.sh")
 LOCK_KEY = "lock.json"
 GATE_STATE_DIR = "/var/run/k3-gate"     # stamps mode: the pod-private record (an emptyDir)
-# Hashing workers in the Job, the gate and the audit. The gate reads 1.56 TB before
-# every engine start: on a B300 node (192 vCPUs) 32 threads hash ~50 GB/s, above what
-# the local NVMe array reads (docs/weights.md), so the disk stays the limit.
-HASH_WORKERS = 32
 # The serving container's entrypoint: the gate, then vLLM (exec: vLLM is PID 1's child
 # no more, signals reach it). It runs on every container start, restarts included.
 GATE_CHECK = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
@@ -225,7 +221,7 @@ def _base_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
             {"name": "K3_TREE", "value": lay.tree},
             {"name": "K3_LOCK", "value": lay.lock},
             {"name": "K3_EXPECT_TREE_DIGEST", "value": expected_tree_digest(receipt, lock_text)},
-            {"name": "K3_HASH_WORKERS", "value": str(HASH_WORKERS)},
+            {"name": "K3_HASH_WORKERS", "value": str(cfg.weights.hash_workers)},
             {"name": "K3_RUNTIME_DIR", "value": RUNTIME_DIR},
             {"name": "K3_RUNTIME_SHA256", "value": runtime_pins(lock_text)},
             {"name": "K3_RUNTIME_BOOTSTRAP", "value": bootstrap_source()},
@@ -263,12 +259,6 @@ def _runtime_mounts(base: str) -> list[dict]:
             {"name": "tmp", "mountPath": "/tmp"}]
 
 
-JOB_RESOURCES = {"requests": {"cpu": "16", "memory": "32Gi"},
-                 "limits": {"cpu": "32", "memory": "64Gi"}}
-AUDIT_RESOURCES = {"requests": {"cpu": "8", "memory": "8Gi"},
-                   "limits": {"cpu": "32", "memory": "16Gi"}}
-
-
 def _gate_container(name: str, image: Any, receipt: Receipt, cfg: StackConfig, base: str,
                     lock_text: Optional[str]) -> dict:
     """The gate alone (warm mode, read-only mount), for pods whose main container is not
@@ -276,7 +266,8 @@ def _gate_container(name: str, image: Any, receipt: Receipt, cfg: StackConfig, b
     return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
             "command": ["sh", "-c", GATE_SCRIPT, f"k3-{name}", "true"],
             "env": _gate_env(receipt, cfg, layout(receipt, cfg), lock_text, "warm"),
-            "resources": AUDIT_RESOURCES, "securityContext": container_security_context(),
+            "resources": cfg.weights.gate_resources.manifest(),
+            "securityContext": container_security_context(),
             "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT,
                               "readOnly": True}, *_runtime_mounts(base)]}
 
@@ -318,7 +309,8 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
         container = {"name": "prefetch", "image": image, "imagePullPolicy": "IfNotPresent",
                      "command": ["sh", "-c", PREFETCH_SCRIPT],
                      "env": [*_prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret), origin],
-                     "resources": JOB_RESOURCES, "securityContext": container_security_context(),
+                     "resources": cfg.weights.prefetch_resources.manifest(),
+                     "securityContext": container_security_context(),
                      "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
                                       *_runtime_mounts(base)]}
         spec = _weights_pod(cfg, base, container, lock_text, "OnFailure",

@@ -47,8 +47,9 @@ COPY_LABEL = "k3infra.dev/weights-copy"
 # copy is the pinned tree, verified in full.
 CHECK_SCRIPT = w.GATE_SCRIPT.replace('--workers "$K3_HASH_WORKERS"',
                                      '--workers "$K3_HASH_WORKERS" --require-marker')
+NGINX_CPU_LIMIT = 8                      # also its worker count (k3infra/nginx.py)
 NGINX_RESOURCES = {"requests": {"cpu": "2", "memory": "512Mi"},
-                   "limits": {"cpu": "8", "memory": "1Gi"}}
+                   "limits": {"cpu": str(NGINX_CPU_LIMIT), "memory": "1Gi"}}
 
 
 def source_name(base: str, i: int) -> str:
@@ -73,7 +74,8 @@ def nginx_conf(lay: w.WeightsLayout, weights_root: str = w.WEIGHTS_ROOT,
     tree_dir = lay.tree.replace(w.WEIGHTS_ROOT, weights_root, 1)
     lock_file = lay.lock.replace(w.WEIGHTS_ROOT, weights_root, 1)
     return nginx.preamble("k3infra in-cluster weights source (rendered by "
-                          "k3infra.weights.source_server).", tmp_dir, 1024) + f"""    # Large files straight from the page cache to the socket, in 8 MiB turns so one
+                          "k3infra.weights.source_server).", tmp_dir, 1024,
+                          NGINX_CPU_LIMIT) + f"""    # Large files straight from the page cache to the socket, in 8 MiB turns so one
     # client cannot hold a worker.
     sendfile on;
     sendfile_max_chunk 8m;
