@@ -424,6 +424,12 @@ def cmd_bench(a) -> None:
     sh([sys.executable, ROOT / "k3infra/bench/pod_runner.py", *args], env=env)
     run_id = (results / "LATEST").read_text().strip()
     measured = sorted(str(p) for p in (results / run_id).glob("*measured*.json"))
+    receipt_and_compare(work, r, measured)
+
+
+def receipt_and_compare(work: Path, r: dict, measured: list[str]) -> tuple[int, int]:
+    """`k3infra bench receipt` from the first run (its serve flags and env read from the
+    rendered container), then `k3infra bench compare` of the same results against it."""
     (work / "statefulset.json").write_text(json.dumps(
         {"kind": "StatefulSet", "spec": {"template": {"spec": {"containers": [r["container"]]}}}}))
     base = yaml.safe_load((work / "receipt.yaml").read_text())
@@ -431,9 +437,10 @@ def cmd_bench(a) -> None:
                  "--id", base["id"] + "-measured", "--base", str(work / "receipt.yaml"),
                  "--statefulset", str(work / "statefulset.json"),
                  "--lock", str(work / "lock.json"), "--single-run", check=False)
-    if rc == 0:
-        k3infra("bench", "compare", *measured, "--receipt", str(work / "receipt-measured.yaml"),
-                check=False)
+    if rc:
+        return rc, -1
+    return rc, k3infra("bench", "compare", *measured, "--receipt",
+                       str(work / "receipt-measured.yaml"), check=False)
 
 
 def cmd_table(a) -> None:

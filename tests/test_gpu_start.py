@@ -67,3 +67,30 @@ def test_gpu_receipt_and_render_keep_the_one_gpu_flags_of_the_receipt(tmp_path, 
                                        "128", "--load-format", "fastsafetensors",
                                        "--served-model-name"]
     assert custom["env"]["K3_GATE_MODE"] == "stamps"
+
+
+def test_bench_receipt_from_the_first_run_and_compare_against_it(tmp_path, capsys):
+    """The benchmark's last step on result files in vLLM's layout (tests/bench_results.py:
+    synthetic latencies, no measured figure)."""
+    from bench_results import result_dict, write_result
+
+    from k3infra.bench.workload import WORKLOAD_ID
+
+    g = _bench()
+    g.cmd_prepare(argparse.Namespace(work=str(tmp_path), dry=True, model_dir=None, shape="64,2,128",
+                                     mkmodel="-", engine_wheel=None, seed="0"))
+    st = g.state(tmp_path)
+    r = g.render(tmp_path, st)
+    files = []
+    for c in (1, 8):
+        data = result_dict([900.0, 1000.0, 1100.0], concurrency=c, output_len=256,
+                           input_lens=[35000] * 3,
+                           metadata={"k3_workload": WORKLOAD_ID, "k3_role": "measured",
+                                     "k3_ignore_eos": "true", "k3_run": "1"})
+        files.append(str(write_result(tmp_path / f"run1-c{c}-measured.json", data)))
+    assert g.receipt_and_compare(tmp_path, r, files) == (0, 0)
+    written = yaml.safe_load((tmp_path / "receipt-measured.yaml").read_text())
+    assert written["id"].endswith("-measured")
+    assert [a["flag"] for a in written["serve"]["engine_args"]] == [
+        "--max-model-len", "--disable-custom-all-reduce", "--block-size"]
+    assert written["model"]["tree_digest"] == json.loads((tmp_path / "lock.json").read_text())["tree_digest"]
