@@ -106,9 +106,15 @@ def save(work: Path, st: dict) -> None:
 
 # --- prepare ------------------------------------------------------------------------------
 
-def hardware(dry: bool) -> dict:
+def hardware(dry: bool, cpu: bool = False) -> dict:
     if dry:
         return {"name": "DRY-RUN", "label": "DRY-RUN", "bytes": 2**30, "cc": "0.0", "driver": "0"}
+    if cpu:     # a plumbing run with a CPU build of vLLM: no GPU, the host's RAM
+        model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                      if ln.startswith("model name")), "unknown CPU")
+        ram = int(next(ln.split()[1] for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))) * 1024
+        return {"name": f"CPU ({model}, {os.cpu_count()} cores)", "label": "CPU", "bytes": ram,
+                "cc": "none", "driver": "0"}
     import torch
 
     p = torch.cuda.get_device_properties(0)
@@ -119,12 +125,16 @@ def hardware(dry: bool) -> dict:
             "cc": f"{p.major}.{p.minor}", "driver": driver}
 
 
-def engine_version(dry: bool) -> tuple[str, str]:
+def engine_version(dry: bool, commit: str | None = None) -> tuple[str, str]:
     if dry:
-        return "0.0.0", "0000000"
+        return "0.0.0", commit or "0000000"
     import vllm
 
-    commit = (getattr(vllm, "__commit_id__", None) or "0000000").lstrip("g")
+    # vLLM 0.25.0's wheel says 'gdd10e03f9' (git describe's g prefix).
+    commit = commit or (getattr(vllm, "__commit_id__", None) or "").lstrip("g")
+    if not commit:
+        raise SystemExit(f"vLLM {vllm.__version__} reports no commit (vllm.__commit_id__); "
+                         "pass --engine-commit <7-40 hex> for the test receipt")
     return vllm.__version__, commit
 
 
@@ -224,7 +234,8 @@ def cmd_prepare(a) -> None:
             "--out", str(work / "lock.json"))
     lock_s = time.time() - t0
     lock = json.loads((work / "lock.json").read_text())
-    hw, (version, commit) = hardware(a.dry), engine_version(a.dry)
+    hw = hardware(a.dry, getattr(a, "cpu", False))
+    version, commit = engine_version(a.dry, getattr(a, "engine_commit", None))
     receipt = gpu_receipt(lock, hw, version, commit, a.shape)
     parse_receipt(receipt)
     (work / "receipt.yaml").write_text(yaml.safe_dump(receipt, sort_keys=False))
@@ -500,6 +511,9 @@ def main() -> None:
     p.add_argument("--model-dir", help="an existing model directory instead")
     p.add_argument("--engine-wheel", help="the vLLM wheel (its sha256 keys the compile cache)")
     p.add_argument("--seed", default="0")
+    p.add_argument("--engine-commit", help="when vLLM reports none (vllm.__commit_id__)")
+    p.add_argument("--cpu", action="store_true",
+                   help="a plumbing run with a CPU build of vLLM (no GPU figures)")
     s = sub.add_parser("start")
     s.add_argument("--restart", choices=("new-node", "new-pod", "same-pod"), required=True)
     s.add_argument("--load-format", help="engine flags to add (profile custom), e.g. "
