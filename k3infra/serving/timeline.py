@@ -11,7 +11,7 @@ Sources, each already on the pod:
   "Loading weights took" / "Model loading took" (load done), "Directly load the
   compiled graph(s) ... from the cache" (a compile cache hit) or "Compiling a graph"
   (a miss), "Graph capturing finished" (compile and graph capture done) and
-  "Application startup complete" (ready);
+  "Application startup complete" (ready); "Starting to load model" (the load's start);
 - the pod template's `k3infra.dev/startup-budget` annotation: the render's budgets.
 """
 from __future__ import annotations
@@ -45,8 +45,13 @@ VLLM_MARKS = (("load.start", re.compile(r"Starting to load model")),
               ("ready", re.compile(r"Application startup complete")))
 # vLLM's own figure for the load, when its start line is missing (older engines).
 _LOAD_TOOK = re.compile(r"Loading weights took ([0-9.]+) s")
-CACHE_HIT = re.compile(r"Directly load the compiled graph")
-CACHE_MISS = re.compile(r"Compiling a graph for")
+# A compile-cache hit or miss as vLLM logs it: 0.25.0's graph cache, and the AOT cache of
+# later releases (0.32.0: "Directly load AOT compilation from path", a failed load
+# "Compiling model again due to a load failure", a fresh compile "saved AOT compiled
+# function to"; a loaded one is not saved again).
+CACHE_HIT = re.compile(r"Directly load (?:the compiled graph|AOT compilation)")
+CACHE_MISS = re.compile(r"Compiling a graph for|saved AOT compiled function to")
+CACHE_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from \S+, reason: (.*)$")
 _PHASE_LINE = re.compile(rf"{PHASE_PREFIX} name=(\S+) event=(\S+) ts=(\S+)")
 _CACHE_LINE = re.compile(rf"{CACHE_PREFIX} key=(\S+)")
 # vLLM's own stamp ("INFO 12-01 10:30:00 [file.py:1] ..."): whole seconds, no year.
@@ -72,6 +77,7 @@ class Timeline:
     cache_hits: int = 0
     cache_misses: int = 0
     gate_failed: bool = False
+    cache_load_failure: Optional[str] = None    # a cache was there, and vLLM could not load it
 
     def span(self, start: str, end: str) -> Optional[float]:
         if start in self.marks and end in self.marks:
@@ -86,6 +92,8 @@ class Timeline:
     def compile_cache(self) -> str:
         if self.cache_hits:
             return f"hit ({self.cache_hits} graph load(s) from the cache)"
+        if self.cache_load_failure:
+            return f"miss: the cache failed to load ({self.cache_load_failure}), compiled again"
         if self.cache_misses:
             return f"miss ({self.cache_misses} graph(s) compiled)"
         return "unknown (no compile line in the log)"
@@ -184,6 +192,7 @@ def timeline(pod: dict, log: str, container: str = "vllm") -> Timeline:
             name, event, ts = m.groups()
             if (name, event) == ("gate", "start"):        # a new start: forget the last
                 t.marks, t.cache_hits, t.cache_misses = dict(pod_marks), 0, 0
+                t.cache_load_failure = None
                 t.gate_failed, load_took = False, None
             if event == "fail":
                 t.gate_failed = True
@@ -194,7 +203,10 @@ def timeline(pod: dict, log: str, container: str = "vllm") -> Timeline:
         if m:
             t.cache_key = m.group(1)
             continue
-        if CACHE_HIT.search(text):
+        failed = CACHE_LOAD_FAILED.search(text)
+        if failed:
+            t.cache_load_failure = failed.group(1).strip()
+        elif CACHE_HIT.search(text):
             t.cache_hits += 1
         elif CACHE_MISS.search(text):
             t.cache_misses += 1
