@@ -61,7 +61,7 @@ from k3infra.config import parse_stack_config  # noqa: E402
 from k3infra.receipt import load_receipt, parse_receipt  # noqa: E402
 from k3infra.serving import manifests as serving  # noqa: E402
 from k3infra.serving import proxy, start as start_script  # noqa: E402
-from k3infra.serving.startup import startup_budget_seconds  # noqa: E402
+from k3infra.serving.startup import BUDGET_ANNOTATION, startup_budget_seconds  # noqa: E402
 from k3infra.weights import manifests as weights  # noqa: E402
 
 import yaml  # noqa: E402
@@ -408,7 +408,7 @@ def cmd_start(a) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         st["engine_pgid"] = None
     pod = {"metadata": {"name": f"start-{n}", "annotations": {
-        "k3infra.dev/startup-budget": json.dumps(r["budget"])}},
+        BUDGET_ANNOTATION: json.dumps(r["budget"])}},
         # No PodScheduled: no image is pulled here (no registry), so no pull phase.
         "status": {"containerStatuses": [{"name": "vllm",
                                           "restartCount": 1 if a.restart == "same-pod" else 0,
