@@ -10,24 +10,17 @@ and the accuracy smoke test (lm-eval). They share one shape, kept here once:
 - a restricted pod with no API token and no service links, placed beside a serving pod;
 - one attempt (a retried run would mix two runs' evidence) under a deadline.
 
-`ClientJob` is the Pulumi side: the ConfigMap, the retained claim, then the Job, which
-waits for both and for whatever the caller names (the serving StatefulSet).
+Pure builders (no Pulumi: `benchmarks/gpu_start.py` renders the benchmark's arguments on
+a host without it); the Pulumi side is `k3infra.clientjob_component.ClientJob`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-import pulumi
-
-from k3infra.config import StackConfig
-from k3infra.inputs import StackInputs
-from k3infra.kube import apply_built, child_options
 from k3infra.podsecurity import pod_security_context
 
 RESULTS_DIR = "/results"
-# Scheduling and image start on top of the Job's own deadline.
-WAIT_MARGIN_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -93,29 +86,3 @@ def client_job(names: JobNames, namespace: str, pod_labels: dict, *, annotations
             # One attempt: a retried run would mix two runs' evidence.
             "spec": {"backoffLimit": 0, "activeDeadlineSeconds": deadline_seconds,
                      "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
-
-
-class ClientJob(pulumi.ComponentResource):
-    """The runtime ConfigMap, the retained results claim, then the Job (replaced by
-    delete-then-create: a fixed name cannot be created before the old Job is gone)."""
-
-    job: pulumi.CustomResource
-    results_claim: pulumi.Output[str]
-    job_name: pulumi.Output[str]
-
-    def _build(self, name: str, inputs: StackInputs, opts: Optional[pulumi.ResourceOptions], *,
-               names: JobNames, runtime: Callable[[StackConfig], dict],
-               claim: Callable[[StackConfig], dict], job: Callable[[StackConfig], dict],
-               timeout_seconds: int, depends_on: Sequence[pulumi.Resource]) -> None:
-        runtime_cm = apply_built(f"{name}-runtime", inputs, runtime, child_options(self, opts))
-        # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
-        results = apply_built(f"{name}-results", inputs, claim,
-                              child_options(self, opts, retain_on_delete=True))
-        wait = f"{(timeout_seconds + WAIT_MARGIN_SECONDS) // 60}m"
-        self.job = apply_built(
-            f"{name}-job", inputs, job,
-            child_options(self, opts, *depends_on, runtime_cm, results, delete_before_replace=True,
-                          custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
-        self.results_claim = pulumi.Output.from_input(names.pvc)
-        self.job_name = pulumi.Output.from_input(names.job)
-        self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})

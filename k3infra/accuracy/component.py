@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import pulumi
 
 from k3infra.accuracy import manifests as a
-from k3infra.clientjob import ClientJob
+from k3infra.clientjob_component import ClientJob
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.receipt import Receipt

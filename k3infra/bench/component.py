@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import pulumi
 
 from k3infra.bench import manifests as b
-from k3infra.clientjob import ClientJob
+from k3infra.clientjob_component import ClientJob
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.receipt import Receipt

@@ -165,6 +165,20 @@ def bench_flags(help_text: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", help_text))
 
 
+def bench_help() -> str:
+    """Every flag `vllm bench serve` takes. Newer vLLM (0.32.0 seen here) prints only
+    its option groups for `--help` and the flags for `--help=all`; older argparse
+    refuses `--help=all`, so then plain `--help`."""
+    out = ""
+    for flag in ("--help=all", "--help"):
+        run = subprocess.run(["vllm", "bench", "serve", flag], capture_output=True, text=True,
+                             check=False)
+        out = run.stdout
+        if run.returncode == 0 and "--base-url" in out:
+            break
+    return out
+
+
 def check_flags(flags: set[str], ignore_eos: bool) -> None:
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if ignore_eos and "--ignore-eos" not in flags:
@@ -268,9 +282,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         wait_for_health(args.base_url, args.health_timeout, api_key=api_key)
         check_model(args.base_url, args.served_model_name, api_key)
-        help_text = subprocess.run(["vllm", "bench", "serve", "--help"], capture_output=True,
-                                   text=True, check=False).stdout
-        flags = bench_flags(help_text)
+        flags = bench_flags(bench_help())
         check_flags(flags, args.ignore_eos)
 
         corpus_root = (wl.package_dir(args.corpus.split(":", 1)[1])

@@ -2,13 +2,19 @@
 against the budgets the render gave it (k3infra/serving/timeline.py, docs/coldstart.md).
 
 Reads the serving pods and their vllm container's log (with timestamps) through the
-`kubernetes` client and your kubeconfig. Exit 0 when every recorded phase stayed within
-its budget, 1 when one ran over (or the gate refused the weights), 2 when the cluster
-cannot be read.
+`kubernetes` client and your kubeconfig; or, off a cluster, `--log FILE` (the container's
+output, with or without `kubectl logs --timestamps` prefixes) with the pod's timestamps
+from `--pod-json` (`kubectl get pod -o json`) or `--started`/`--scheduled`, else from the
+start script's first k3-phase line, and the budgets from the pod or `--budget` (the
+`k3infra.dev/startup-budget` annotation's JSON). Exit 0 when every recorded phase stayed
+within its budget, 1 when one ran over (or the gate refused the weights), 2 when the
+cluster or a file cannot be read.
 """
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from k3infra.naming import PROGRAM_INSTANCE
 
@@ -18,6 +24,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pod", help="one serving pod (default: every serving pod)")
     parser.add_argument("--previous", action="store_true",
                         help="the container's previous run (after a restart)")
+    parser.add_argument("--log", type=Path, metavar="FILE",
+                        help="off a cluster: the vllm container's log file")
+    parser.add_argument("--pod-json", type=Path, metavar="FILE",
+                        help="with --log: the pod as `kubectl get pod -o json` prints it")
+    parser.add_argument("--budget", metavar="JSON",
+                        help="with --log: the startup-budget annotation's JSON (or @FILE)")
+    parser.add_argument("--started", help="with --log: the container's start (RFC 3339)")
+    parser.add_argument("--scheduled", help="with --log: the pod's scheduling (RFC 3339)")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="with --log: the container's restart count (0: a first start)")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context")
     parser.set_defaults(func=_startup)
@@ -26,14 +42,23 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _startup(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     from k3infra.cli import UsageError
-    from k3infra.live.cluster import ClusterError, KubeCluster, connect
-    from k3infra.serve_argv import SERVING_CONTAINER
-    from k3infra.serving.timeline import timeline
 
     console = Console()
+    if args.log is not None:
+        try:
+            pods, logs = _off_cluster(args)
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]k3infra startup:[/red] {escape(str(exc))}")
+            return 2
+        return _report(console, pods, logs)
+    for flag in ("pod_json", "budget", "started", "scheduled"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} needs --log FILE (off a cluster)")
+    from k3infra.live.cluster import ClusterError, KubeCluster, connect
+    from k3infra.serve_argv import SERVING_CONTAINER
+
     try:
         cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         pods = [p for p in cluster.serving_pods()
@@ -46,14 +71,60 @@ def _startup(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         console.print(f"[red]k3infra startup:[/red] {escape(str(exc))}")
         return 2
+    return _report(console, pods, logs)
+
+
+def _off_cluster(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
+    from k3infra.serving.timeline import off_cluster_pod, parse_time
+
+    log = args.log.read_text(encoding="utf-8", errors="replace")
+    if args.pod_json is not None:
+        try:
+            pod = json.loads(args.pod_json.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{args.pod_json}: not a pod's JSON ({exc})") from None
+    else:
+        budgets = None
+        if args.budget is not None:
+            text = Path(args.budget[1:]).read_text() if args.budget.startswith("@") else args.budget
+            try:
+                budgets = json.loads(text)
+            except ValueError:
+                raise ValueError(f"--budget {args.budget!r}: not JSON; accepted: the "
+                                 "k3infra.dev/startup-budget annotation, e.g. "
+                                 '\'{"load": 1561, "engine": 3631}\'') from None
+        for flag in ("started", "scheduled"):
+            value = getattr(args, flag)
+            if value is not None:
+                try:
+                    parse_time(value)
+                except ValueError:
+                    raise ValueError(f"--{flag} {value!r}: not an RFC 3339 time "
+                                     "(2026-12-01T10:00:00.123Z)") from None
+        pod = off_cluster_pod(budgets, started=args.started, scheduled=args.scheduled,
+                              restarts=args.restarts)
+    pod.setdefault("metadata", {}).setdefault("name", args.log.name)
+    return [pod], {pod["metadata"]["name"]: log}
+
+
+def _report(console, pods: list[dict], logs: dict[str, str]) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from k3infra.serving.timeline import timeline
+
     over = False
     for pod in pods:
         name = pod["metadata"]["name"]
         t = timeline(pod, logs[name])
+        rows = t.rows()
+        days = sorted({r[1][:10] for r in rows if r[1] != "-"})
+        # The date once in the title, the time of day (milliseconds) in the rows.
         table = Table("phase", "started (UTC)", "took s", "budget s", "verdict",
-                      title=f"cold start of {name}")
-        for row in t.rows():
-            table.add_row(*(escape(c) for c in row))
+                      title=f"cold start of {name}" + (f", {' / '.join(days)}" if days else ""))
+        for row in rows:
+            table.add_row(*(escape(c) for c in (row[0], row[1][11:-1] if row[1] != "-" else "-",
+                                                 *row[2:])))
             over = over or row[4].endswith("OVER")
         console.print(table)
         console.print(f"compile cache: {escape(t.compile_cache)}; key "

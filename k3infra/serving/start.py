@@ -1,7 +1,7 @@
 """The serving container's start script: phase markers, the keyed compile cache, the
 weights gate, then `exec vllm serve` (docs/coldstart.md).
 
-    k3-phase name=gate event=start ts=2026-12-01T02:00:00Z      one line per phase edge,
+    k3-phase name=gate event=start ts=2026-12-01T02:00:00.123Z  one line per phase edge,
     k3-phase name=gate event=end ts=...                         read back by `k3infra startup`
     k3-phase name=engine event=start ts=...                     (k3infra/serving/timeline.py)
     k3-compile-cache key=<16 hex> dir=/cache/k3-<key> driver=... gpu=... image=sha256:...
@@ -40,8 +40,11 @@ CACHE_ENV = {"VLLM_CACHE_ROOT": f"{CURRENT}/vllm",
              "XDG_CACHE_HOME": f"{CURRENT}/xdg",
              "HOME": f"{CURRENT}/home"}
 
+# Milliseconds (GNU date's %3N: the engine image is Debian-based), to set beside vLLM's
+# sub-second log timestamps; k3infra startup still reads older whole-second lines.
+PHASE_DATE_FORMAT = "+%Y-%m-%dT%H:%M:%S.%3NZ"
 _PHASE_FN = (f'k3_phase() {{ echo "{PHASE_PREFIX} name=$1 event=$2 '
-             f'ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; }}')
+             f'ts=$(date -u {PHASE_DATE_FORMAT})"; }}')
 
 # The key: sha256 of "<image digest>|<driver version>, <GPU name>", first 16 hex. The
 # directory holds a KEY file naming its inputs (the seeding recipe copies directories

@@ -11,7 +11,7 @@ Sources, each already on the pod:
   "Loading weights took" / "Model loading took" (load done), "Directly load the
   compiled graph(s) ... from the cache" (a compile cache hit) or "Compiling a graph"
   (a miss), "Graph capturing finished" (compile and graph capture done) and
-  "Application startup complete" (ready);
+  "Application startup complete" (ready); "Starting to load model" (the load's start);
 - the pod template's `k3infra.dev/startup-budget` annotation: the render's budgets.
 """
 from __future__ import annotations
@@ -19,25 +19,44 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Optional
 
 from k3infra.serving.start import CACHE_PREFIX, PHASE_PREFIX
 from k3infra.serving.startup import BUDGET_ANNOTATION
 
-# The measured phases, in order, each (name, start mark, end mark).
+# The measured phases, in order, each (name, start mark, end mark). vLLM's own start-up
+# (imports, engine core and worker processes, device init) runs from the engine's start
+# to "Starting to load model"; the weights load from there to "Loading weights took".
+# The render budgets both as one phase, "load" (k3infra/serving/startup.py).
 SPANS = (("pull", "scheduled", "container"),
          ("gate", "gate.start", "gate.end"),
-         ("load", "engine.start", "load.end"),
+         ("startup", "engine.start", "load.start"),
+         ("load", "load.start", "load.end"),
          ("compile", "load.end", "graphs.end"),
          ("profiling", "graphs.end", "ready"))
-VLLM_MARKS = (("load.end", re.compile(r"Loading weights took|Model loading took")),
+# Rows that sum or span phases: (name, start mark, end mark, the budget they are held to).
+TOTALS = (("startup + load", "engine.start", "load.end", "load"),
+          ("engine (start -> ready)", "engine.start", "ready", "engine"),
+          ("container start -> ready", "container", "ready", "probe"))
+VLLM_MARKS = (("load.start", re.compile(r"Starting to load model")),
+              ("load.end", re.compile(r"Loading weights took|Model loading took")),
               ("graphs.end", re.compile(r"Graph capturing finished")),
               ("ready", re.compile(r"Application startup complete")))
-CACHE_HIT = re.compile(r"Directly load the compiled graph")
-CACHE_MISS = re.compile(r"Compiling a graph for")
+# vLLM's own figure for the load, when its start line is missing (older engines).
+_LOAD_TOOK = re.compile(r"Loading weights took ([0-9.]+) s")
+# A compile-cache hit or miss as vLLM logs it: 0.25.0's graph cache, and the AOT cache of
+# later releases (0.32.0: "Directly load AOT compilation from path", a failed load
+# "Compiling model again due to a load failure", a fresh compile "saved AOT compiled
+# function to"; a loaded one is not saved again).
+CACHE_HIT = re.compile(r"Directly load (?:the compiled graph|AOT compilation)")
+CACHE_MISS = re.compile(r"Compiling a graph for|saved AOT compiled function to")
+CACHE_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from \S+, reason: (.*)$")
 _PHASE_LINE = re.compile(rf"{PHASE_PREFIX} name=(\S+) event=(\S+) ts=(\S+)")
 _CACHE_LINE = re.compile(rf"{CACHE_PREFIX} key=(\S+)")
+# vLLM's own stamp ("INFO 12-01 10:30:00 [file.py:1] ..."): whole seconds, no year.
+_VLLM_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) "
+                         r"(\d\d):(\d\d):(\d\d)\b")
 
 
 def parse_time(text: str) -> datetime:
@@ -58,40 +77,56 @@ class Timeline:
     cache_hits: int = 0
     cache_misses: int = 0
     gate_failed: bool = False
+    cache_load_failure: Optional[str] = None    # a cache was there, and vLLM could not load it
 
-    def seconds(self, phase: str) -> Optional[float]:
-        _, start, end = next(s for s in SPANS if s[0] == phase)
+    def span(self, start: str, end: str) -> Optional[float]:
         if start in self.marks and end in self.marks:
             return (self.marks[end] - self.marks[start]).total_seconds()
         return None
+
+    def seconds(self, phase: str) -> Optional[float]:
+        _, start, end = next(s for s in SPANS if s[0] == phase)
+        return self.span(start, end)
 
     @property
     def compile_cache(self) -> str:
         if self.cache_hits:
             return f"hit ({self.cache_hits} graph load(s) from the cache)"
+        if self.cache_load_failure:
+            return f"miss: the cache failed to load ({self.cache_load_failure}), compiled again"
         if self.cache_misses:
             return f"miss ({self.cache_misses} graph(s) compiled)"
         return "unknown (no compile line in the log)"
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
-        """(phase, start, seconds, budget, verdict) for each phase, then the totals."""
+        """(phase, start, seconds, budget, verdict) for each phase, then the totals, each
+        measured between its own marks (an engine without graph capture, such as
+        --enforce-eager, still has its engine span)."""
         out = []
         for name, start, _end in SPANS:
-            took, budget = self.seconds(name), self.budgets.get(name)
+            took = self.seconds(name)
+            # startup and load share the render's load budget: the sum is held to it below.
+            budget = None if name in ("startup", "load") else self.budgets.get(name)
             at = self.marks.get(start)
-            out.append((name, at.strftime("%Y-%m-%dT%H:%M:%SZ") if at else "-",
-                        "-" if took is None else f"{took:.0f}",
+            out.append((name, _stamp(at), _took(took), "-" if budget is None else str(budget),
+                        "in startup + load" if name in ("startup", "load") and took is not None
+                        else verdict(took, budget)))
+        for name, start, end, key in TOTALS:
+            took, budget = self.span(start, end), self.budgets.get(key)
+            out.append((name, _stamp(self.marks.get(start)), _took(took),
                         "-" if budget is None else str(budget), verdict(took, budget)))
-        engine = [self.seconds(p) for p in ("load", "compile", "profiling")]
-        took = sum(engine) if None not in engine else None
-        out.append(("engine (load+compile+profiling)", "-",
-                    "-" if took is None else f"{took:.0f}",
-                    str(self.budgets.get("engine", "-")), verdict(took, self.budgets.get("engine"))))
-        if "container" in self.marks and "ready" in self.marks:
-            total = (self.marks["ready"] - self.marks["container"]).total_seconds()
-            out.append(("container start -> ready", "-", f"{total:.0f}",
-                        str(self.budgets.get("probe", "-")), verdict(total, self.budgets.get("probe"))))
         return out
+
+
+def _stamp(at: Optional[datetime]) -> str:
+    if at is None:
+        return "-"
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+
+
+def _took(took: Optional[float]) -> str:
+    # Tenths: the start-up and the load of a small model take seconds, not minutes.
+    return "-" if took is None else f"{took:.1f}"
 
 
 def verdict(took: Optional[float], budget: Optional[int]) -> str:
@@ -115,9 +150,27 @@ def _container_start(status: dict, container: str) -> tuple[Optional[str], int]:
     return None, 0
 
 
-def timeline(pod: dict, log: str, container: str = "vllm") -> Timeline:
-    """The last start of `container` in `pod` (a dict as the API serves it) from its log
-    (read with timestamps)."""
+def _line_time(stamp: str, text: str, year: Optional[int]) -> Optional[datetime]:
+    """When a log line was written: the log's own timestamp (`kubectl logs --timestamps`,
+    sub-second), else vLLM's stamp (whole seconds) in the year of the start's k3-phase
+    lines, else None."""
+    try:
+        return parse_time(stamp)
+    except ValueError:
+        pass
+    m = _VLLM_STAMP.search(f"{stamp} {text}")
+    if m is None or year is None:
+        return None
+    month, day, hh, mm, ss = (int(g) for g in m.groups())
+    return datetime(year, month, day, hh, mm, ss, tzinfo=timezone.utc)
+
+
+def timeline(pod: dict, log: str, container: str = "vllm", year: Optional[int] = None) -> Timeline:
+    """The last start of `container` in `pod` (a dict as the API serves it, or {} off a
+    cluster) from its log. The log is read with timestamps where it has them (`kubectl
+    logs --timestamps`); without them vLLM's own whole-second stamps are used. A log
+    that holds several starts (a host's file) gives the last one, from its gate line.
+    `year`: for vLLM's stamps when neither the pod nor a k3-phase line gives one."""
     t = Timeline()
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if annotations.get(BUDGET_ANNOTATION):
@@ -130,27 +183,62 @@ def timeline(pod: dict, log: str, container: str = "vllm") -> Timeline:
         # The pull precedes the first start only: a restart finds the image on the node.
         if cond.get("type") == "PodScheduled" and cond.get("lastTransitionTime") and not restarts:
             t.marks["scheduled"] = parse_time(cond["lastTransitionTime"])
+    pod_marks = {k: t.marks[k] for k in ("container", "scheduled") if k in t.marks}
+    year = t.marks["container"].year if "container" in t.marks else year
+    load_took: Optional[float] = None
     for line in log.splitlines():
         stamp, _, text = line.partition(" ")
-        m = _PHASE_LINE.search(text)
+        m = _PHASE_LINE.search(line)
         if m:
             name, event, ts = m.groups()
+            if (name, event) == ("gate", "start"):        # a new start: forget the last
+                t.marks, t.cache_hits, t.cache_misses = dict(pod_marks), 0, 0
+                t.cache_load_failure = None
+                t.gate_failed, load_took = False, None
             if event == "fail":
                 t.gate_failed = True
             t.marks[f"{name}.{event}"] = parse_time(ts)
+            year = t.marks[f"{name}.{event}"].year
             continue
-        m = _CACHE_LINE.search(text)
+        m = _CACHE_LINE.search(line)
         if m:
             t.cache_key = m.group(1)
             continue
-        if CACHE_HIT.search(text):
+        failed = CACHE_LOAD_FAILED.search(text)
+        if failed:
+            t.cache_load_failure = failed.group(1).strip()
+        elif CACHE_HIT.search(text):
             t.cache_hits += 1
         elif CACHE_MISS.search(text):
             t.cache_misses += 1
+        took = _LOAD_TOOK.search(text)
+        if took:
+            load_took = float(took.group(1))
         for mark, pattern in VLLM_MARKS:
             if pattern.search(text):
-                try:
-                    t.marks[mark] = parse_time(stamp)      # the last one wins (TP ranks)
-                except ValueError:
-                    pass
+                at = _line_time(stamp, text, year)
+                # The first rank to start loading, the last to finish (TP ranks).
+                if at is not None and not (mark == "load.start" and mark in t.marks):
+                    t.marks[mark] = at
+    if "load.start" not in t.marks and "load.end" in t.marks and load_took is not None:
+        t.marks["load.start"] = t.marks["load.end"] - timedelta(seconds=load_took)
+    if "container" not in t.marks and "gate.start" in t.marks:
+        # Off a cluster with no pod status: the start script's first line is the start.
+        t.marks["container"] = t.marks["gate.start"]
     return t
+
+
+def off_cluster_pod(budgets: Optional[dict] = None, *, started: Optional[str] = None,
+                    scheduled: Optional[str] = None, restarts: int = 0) -> dict:
+    """A pod dict of what `k3infra startup --log` knows off a cluster: the budgets (the
+    render's `k3infra.dev/startup-budget`), the container's start and the scheduling
+    time when given."""
+    pod: dict = {"metadata": {"annotations": {}}, "status": {}}
+    if budgets:
+        pod["metadata"]["annotations"][BUDGET_ANNOTATION] = json.dumps(budgets)
+    if started:
+        pod["status"]["containerStatuses"] = [{"name": "vllm", "restartCount": restarts,
+                                               "state": {"running": {"startedAt": started}}}]
+    if scheduled:
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "lastTransitionTime": scheduled}]
+    return pod

@@ -1,0 +1,42 @@
+"""The Pulumi side of the one-shot client Jobs (k3infra/clientjob.py): the runtime
+ConfigMap, the retained results claim, then the Job, which waits for both and for
+whatever the caller names (the serving StatefulSet)."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import pulumi
+
+from k3infra.clientjob import JobNames
+from k3infra.config import StackConfig
+from k3infra.inputs import StackInputs
+from k3infra.kube import apply_built, child_options
+
+# Scheduling and image start on top of the Job's own deadline.
+WAIT_MARGIN_SECONDS = 600
+
+
+class ClientJob(pulumi.ComponentResource):
+    """The runtime ConfigMap, the retained results claim, then the Job (replaced by
+    delete-then-create: a fixed name cannot be created before the old Job is gone)."""
+
+    job: pulumi.CustomResource
+    results_claim: pulumi.Output[str]
+    job_name: pulumi.Output[str]
+
+    def _build(self, name: str, inputs: StackInputs, opts: Optional[pulumi.ResourceOptions], *,
+               names: JobNames, runtime: Callable[[StackConfig], dict],
+               claim: Callable[[StackConfig], dict], job: Callable[[StackConfig], dict],
+               timeout_seconds: int, depends_on: Sequence[pulumi.Resource]) -> None:
+        runtime_cm = apply_built(f"{name}-runtime", inputs, runtime, child_options(self, opts))
+        # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
+        results = apply_built(f"{name}-results", inputs, claim,
+                              child_options(self, opts, retain_on_delete=True))
+        wait = f"{(timeout_seconds + WAIT_MARGIN_SECONDS) // 60}m"
+        self.job = apply_built(
+            f"{name}-job", inputs, job,
+            child_options(self, opts, *depends_on, runtime_cm, results, delete_before_replace=True,
+                          custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
+        self.results_claim = pulumi.Output.from_input(names.pvc)
+        self.job_name = pulumi.Output.from_input(names.job)
+        self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})
