@@ -54,9 +54,11 @@ CONTROLLERS = (
     "statefulset-controller",
     "garbage-collector-controller",
     "persistentvolumeclaim-protection-controller",
-    # For the node tier (tests/e2e/node.py): Services get EndpointSlices (kube-proxy and
-    # CoreDNS read them), claims bind to the static volumes, and a finished Pod of a
-    # deleted owner is collected.
+    # For the node tier (tests/e2e/node.py): the node's not-ready taint goes once it is
+    # Ready, Services get EndpointSlices (kube-proxy and CoreDNS read them), claims bind
+    # to the static volumes, and a finished Pod of a deleted owner is collected.
+    "node-lifecycle-controller",
+    "root-ca-certificate-publisher-controller",   # kube-root-ca.crt for token volumes
     "endpointslice-controller",
     "persistentvolume-binder-controller",
     "persistentvolume-protection-controller",
@@ -381,6 +383,9 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
             # node's kubelet (tests/e2e/node.py) with the admin's client certificate.
             f"--kubelet-client-certificate={pki / 'admin.crt'}",
             f"--kubelet-client-key={pki / 'admin.key'}",
+            # By address: the node's name resolves nowhere (and nothing may ask a resolver
+            # outside the test's network namespace).
+            "--kubelet-preferred-address-types=InternalIP",
         ])
         _wait("kube-apiserver /readyz",
               lambda: _get(f"{server}/readyz", https)[0] == 200, procs, deadline)
@@ -389,6 +394,7 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
             str(bin_dir / "kube-controller-manager"),
             f"--kubeconfig={kubeconfig}",
             f"--controllers={','.join(CONTROLLERS)}",
+            f"--root-ca-file={pki / 'ca.crt'}",
             "--leader-elect=false",
             "--secure-port=0",  # no health server: readiness is its first work, below
         ])

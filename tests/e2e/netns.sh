@@ -30,4 +30,8 @@ ip netns exec "$ns" sh -euc "
   sysctl -qw net.ipv4.ip_forward=1
 "
 export K3INFRA_E2E_NODE_IP="$NODE_IP"
-ip netns exec "$ns" "$@"
+# nsenter, not `ip netns exec`: the latter mounts /sys anew, where the cgroup hierarchies
+# the kubelet needs are gone. A private mount namespace of its own instead: the mounts
+# the kubelet and containerd make (volumes, the kubelet's root, container root file
+# systems) vanish with the command, whatever it leaves.
+nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private -- "$@"

@@ -211,13 +211,13 @@ def _proxy_config(work: Path, kubeconfig: Path) -> Path:
         # Conntrack limits are global, not per namespace: leave the machine's alone.
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
                       "tcpCloseWaitTimeout": "0s"},
-        "healthzBindAddress": "", "metricsBindAddress": "127.0.0.1:0",
+        "healthzBindAddress": "", "metricsBindAddress": f"127.0.0.1:{_free_port()}",
     }, indent=1))
 
 
 def _corefile(work: Path, node_ip: str, kubeconfig: Path, context: str) -> Path:
+    # Every address of the test's network namespace (nothing else can reach it).
     return _write(work / "Corefile", f""".:53 {{
-    bind {node_ip}
     errors
     ready {node_ip}:{_free_port()}
     kubernetes cluster.local in-addr.arpa ip6.arpa {{
