@@ -6,8 +6,9 @@ The three small images are built here (or reused from the cache): base, pause, p
 pause and proxy then run under runc as a pod runs them: pause as 65535 until SIGTERM;
 nginx from the proxy image with the product's own command, user, rendered config and a
 read-only root (the pod's securityContext, k3infra.serving.proxy.container). The engine
-image (~6 GB, a long build) is only checked when it is already built: its own python3
-imports vLLM and huggingface_hub at the pinned versions, as the engine's user.
+image (6.7 GB unpacked, a long build) is only checked when it is already built: its own
+python3 imports vLLM and huggingface_hub at the pinned versions, as the engine's user
+under runc (about 4 minutes here, most of it unpacking the layers).
 
 Needs root and Debian's debootstrap, umoci, skopeo, docker-registry and runc (.ci/run
 installs them); skipped with the missing one named otherwise.
@@ -293,7 +294,7 @@ def test_the_engine_image_imports_vllm_as_the_engines_user(runc, tmp_path):
     done = build("engine-cpu", "--cached")
     if done.returncode != 0:
         pytest.skip("the engine-cpu image is not built (tools/images/build.sh engine-cpu, "
-                    "about 20 minutes cold; the node tests build it)")
+                    "about 27 minutes cold here; the node tests build it)")
     layout = Path(done.stdout.splitlines()[-1])
     bundle = tmp_path / "engine"
     spec = unpack(layout, bundle)

@@ -21,6 +21,9 @@
 # apt sources (/etc/apt/sources.list*). No `cmd | head` anywhere: under pipefail a
 # writer killed by SIGPIPE fails the build by chance.
 set -euo pipefail
+# Parsed whole before it runs ({ ...; exit; }): a checkout or merge that rewrites this
+# file during a 30-minute build cannot make bash read the rest from the new text.
+{
 here="$(cd "$(dirname "$0")" && pwd)"
 root="${K3INFRA_IMAGE_CACHE:-$HOME/.cache/k3infra/images}"
 TAG=latest
@@ -41,8 +44,14 @@ for tool in debootstrap umoci unshare chroot python3; do
   command -v "$tool" >/dev/null || die "$name: '$tool' is not installed (.ci/run installs it)"
 done
 mkdir -p "$root"
-# One build at a time per cache: two would share each other's .tmp directories.
-if (( ! cached )); then exec 9>"$root/.lock"; flock 9; fi
+
+# One build of each output at a time (two would share, and remove, each other's .tmp
+# directories); different images build side by side.
+lock() {  # PATH: hold PATH.lock until the script exits
+  local fd
+  exec {fd}>"$1.lock"
+  flock "$fd"
+}
 
 key() {  # STRING PATH...: hash of STRING and of every file under PATHs (relative to here)
   { printf '%s\n' "$1"; shift
@@ -116,6 +125,7 @@ image_config() {  # LAYOUT DIR: apply DIR/image.conf (one umoci config flag a li
 build() {
   local n="$1" k="$2" builder="$3" out start
   out="$root/$n-$k"
+  if [[ ! -f "$out/.complete" ]] && (( ! cached )); then lock "$out"; fi
   if [[ -f "$out/.complete" ]]; then
     log "$n reused ($out)"
   elif (( cached )); then
@@ -143,6 +153,7 @@ bootstrap_key="$(key bootstrap base/bootstrap.sh)"
 bootstrap_dir="$root/bootstrap-$bootstrap_key"
 
 bootstrap_rootfs() {  # the cached root file system debootstrap made
+  [[ -f "$bootstrap_dir/.complete" ]] || lock "$bootstrap_dir"
   if [[ -f "$bootstrap_dir/.complete" ]]; then
     log "bootstrap reused ($bootstrap_dir)"; return
   fi
@@ -176,11 +187,20 @@ base_key="$(key "bootstrap $bootstrap_key" build.sh base)"
 
 # build_on_base OUT DIR: base's layout plus DIR/packages (apt) and DIR/setup.sh (run in
 # the image's own root, DIR mounted at /mnt/recipe), one new layer.
+phase_start=0
+phase() {  # WHAT: log the time since the last phase (what takes long, in each build log)
+  local now; now=$(date +%s)
+  if (( phase_start )); then log "$name: $1 took $(( now - phase_start )) s"; fi
+  phase_start=$now
+}
+
 build_on_base() {
   local out="$1" dir="$2" work="$1.work" r packages=()
+  phase start
   cp -a "$base_layout" "$out"
   rm -f "$out"/.complete "$out"/.build-seconds "$out"/.bytes
   umoci unpack --image "$out:$TAG" "$work/bundle" >/dev/null
+  phase "unpacking base"
   r="$work/bundle/rootfs"
   # No daemon starts inside the build (nginx's postinst would try).
   printf '#!/bin/sh\nexit 101\n' > "$r/usr/sbin/policy-rc.d"; chmod 0755 "$r/usr/sbin/policy-rc.d"
@@ -191,10 +211,12 @@ build_on_base() {
     in_chroot "$r" apt-get update -qq
     in_chroot "$r" apt-get install -y -qq --no-install-recommends "${packages[@]}"
     in_chroot "$r" apt-get clean
+    phase "apt-get install ${packages[*]}"
   fi
   if [[ -x "$dir/setup.sh" ]]; then
     BINDS+=("$dir:/mnt/recipe")
     in_chroot "$r" /mnt/recipe/setup.sh
+    phase "setup.sh"
   fi
   rm -rf "$r"/usr/sbin/policy-rc.d "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/*.bin \
     "$r"/var/log/apt/* "$r"/var/log/dpkg.log "$r"/var/cache/debconf/*-old
@@ -202,6 +224,7 @@ build_on_base() {
   for line in "${BINDS[@]}"; do IFS=: read -r _ dst _ <<< "$line"; rmdir "$r$dst"; done
   umoci repack --image "$out:$TAG" --history.created_by "tools/images/build.sh $name" \
     "$work/bundle"
+  phase "umoci repack (the new layer, gzip)"
   image_config "$out" "$dir"
   rm -rf "$work"
 }
@@ -215,6 +238,7 @@ build_proxy() { build_on_base "$1" "$here/proxy"; }
 build_engine_cpu() {
   local wheels
   wheels="$root/wheels-$(key wheels engine-cpu/requirements.lock)"
+  lock "$wheels"
   mkdir -p "$wheels"
   # The machine's trust for that download (its index may sit behind its own CA), never
   # the image's: bound for the build only.
@@ -260,3 +284,5 @@ case "$name" in
     build "$name" "$(key "base $base_key" build.sh "$name")" "build_${name//-/_}" ;;
 esac
 echo "$built"
+exit
+}
