@@ -18,8 +18,18 @@ if [[ "$(id -u)" != 0 ]]; then
 fi
 NODE_IP=10.200.0.1
 ns="k3e2e-$$"
+# The pods' own namespaces, which the CNI plugin names cni-*: those made during the run go
+# with it (the kubelet does not tear its pods down when it stops).
+before="$(ls /run/netns 2>/dev/null || true)"
+cleanup() {
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  ip netns del "$ns"
+  for n in $(ls /run/netns 2>/dev/null); do
+    case "$n" in cni-*) grep -qx "$n" <<<"$before" || ip netns del "$n" 2>/dev/null || rm -f "/run/netns/$n" ;; esac
+  done
+}
 ip netns add "$ns"
-trap 'ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del "$ns"' EXIT
+trap cleanup EXIT
 ip netns exec "$ns" sh -euc "
   ip link set lo up
   ip link add k3n0 type veth peer name k3n1
