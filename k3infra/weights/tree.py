@@ -38,7 +38,6 @@ the tree directory only):
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import math
@@ -50,9 +49,11 @@ from collections import namedtuple
 from collections.abc import Iterable
 
 try:                       # in a pod: shipped beside this file (k3weights/podcommon.py)
-    from .podcommon import atomic_write, fsync_dir  # noqa: F401  (re-exported)
+    from .podcommon import (OPEN_FLAGS, atomic_write, fsync_dir, open_regular,  # noqa: F401
+                            read_regular)  # (re-exported)
 except ImportError:        # on the operator's machine: the one copy, k3infra/podcommon.py
-    from ..podcommon import atomic_write, fsync_dir  # noqa: F401
+    from ..podcommon import (OPEN_FLAGS, atomic_write, fsync_dir, open_regular,  # noqa: F401
+                             read_regular)
 
 ALGORITHM = "k3-tree-v1"
 MARKER_NAME = ".k3-verified.json"
@@ -70,10 +71,8 @@ _TMP = re.compile(r"\A(%s|%s)\.[0-9]+\.[0-9a-f]+\.tmp\Z" % (re.escape(MARKER_NAM
 # unread (whoever writes the volume must not make the gate allocate without bound).
 LOCK_MAX_BYTES = 256 << 20
 SMALL_MAX_BYTES = 1 << 20
-# Every open of a tree file: no link followed at the last component, no blocking open (a
-# FIFO swapped in opens at once and is refused by the fstat), no fd leaked to children.
-OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-              | getattr(os, "O_CLOEXEC", 0))
+# Every file of a tree is opened by podcommon.open_regular (a regular file after a
+# no-follow, non-blocking open) and small files read by podcommon.read_regular (bounded).
 _LOCK_KEYS = ("algorithm", "repo", "revision", "tree_digest", "total_bytes", "files")
 # The read path (hash_file): files are mapped in windows of MAP_WINDOW bytes and hashed
 # straight from the page cache. The window is not pre-filled (no MAP_POPULATE): the page
@@ -91,44 +90,6 @@ _MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", None)
 
 class LockError(ValueError):
     """A lock file (or a value for one) that does not follow the format."""
-
-
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """(fd, fstat) of `path` opened with OPEN_FLAGS; OSError naming `path` unless it is a
-    regular file *after* opening (a FIFO, socket, device or link swapped in after a scan
-    is refused here, without blocking)."""
-    fd = os.open(path, OPEN_FLAGS)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise OSError(errno.EINVAL, f"{kind}, not a regular file", path)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return fd, st
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_regular(path: str, limit: int = SMALL_MAX_BYTES) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them; OSError naming the
-    path for anything else (see open_regular) or a larger file."""
-    fd, st = open_regular(path)
-    try:
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} accepted", path)
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:   # grew after the fstat
-                raise OSError(errno.EFBIG, f"more than the {limit} bytes accepted", path)
-    finally:
-        os.close(fd)
 
 
 def describe_oserror(exc: OSError) -> str:
