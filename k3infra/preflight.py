@@ -3,7 +3,7 @@
 - HBM fit per node (k3infra.hbm) and that the pool's GPUs are the configured ones;
 - node count vs replicas (one replica is one whole 8-GPU node);
 - local NVMe per node vs the weights (lock total, or the receipt's size) plus a margin,
-  in node-local mode;
+  in node-local mode; the shared weights volume vs the tree;
 - Capacity Block AZ vs the node group's subnets (AWS).
 
 Each check returns a `Check` (one line for the render) or raises `PreflightError`, a
@@ -138,6 +138,26 @@ def check_local_nvme(cfg: StackConfig, receipt: Receipt,
                  f"{pool.local_nvme_margin_pct:g} % = {need_gb:.1f} GB")
 
 
+def check_weights_volume(cfg: StackConfig, receipt: Receipt,
+                         lock_total_bytes: Optional[int] = None) -> Check:
+    """The shared weights PVC must hold the tree (the prefetch would fail hours in)."""
+    if cfg.weights.mode != "shared":
+        return Check("weights volume", f"none shared (k3:weights.mode = {cfg.weights.mode})")
+    if lock_total_bytes is not None:
+        weights_bytes, source = lock_total_bytes, "lock total"
+    else:
+        weights_bytes, source = receipt.model.size_bytes, "receipt size (no lock file)"
+    size_bytes = cfg.weights.size_gi * 2**30
+    if size_bytes < weights_bytes:
+        raise PreflightError("k3:weights.sizeGi", cfg.weights.size_gi,
+                             f"{size_bytes / 1e9:.1f} GB cannot hold the {weights_bytes / 1e9:.1f} "
+                             f"GB tree ({source}); accepted: at least "
+                             f"{-(-weights_bytes // 2**30)} (two trees during a revision "
+                             f"change: {-(-TREES_PER_VOLUME * weights_bytes // 2**30)})")
+    return Check("weights volume", f"{cfg.weights.size_gi} Gi >= {weights_bytes / 1e9:.1f} GB "
+                 f"({source})")
+
+
 def check_capacity_zone(cfg: StackConfig, receipt: Receipt) -> Check:
     pool = cfg.node_pool
     if pool.provider != "aws" or pool.aws.capacity_block is None:
@@ -178,7 +198,7 @@ def run_preflight(cfg: StackConfig, receipt: Receipt,
     """All checks in order; the first failure raises PreflightError."""
     return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
             check_node_count(cfg, receipt), check_local_nvme(cfg, receipt, lock_total_bytes),
-            check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt),
+            check_weights_volume(cfg, receipt, lock_total_bytes), check_capacity_zone(cfg, receipt), pool_summary(cfg, receipt),
             multi_node_requirements(cfg, receipt)]
 
 

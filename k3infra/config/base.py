@@ -32,6 +32,8 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, accepted: str):
         self.key, self.value, self.accepted = key, value, accepted
         shown = SECRET_PLACEHOLDER if isinstance(value, Secret) else repr(value)
+        if len(shown) > 200:          # one readable line, whatever was typed
+            shown = shown[:200] + "..."
         super().__init__(f"{key} = {shown}: {accepted}")
 
 

@@ -17,6 +17,8 @@ from k3infra.receipt import Receipt
 # `--config` or stack file value can nest or repeat without bound).
 MAX_DEPTH = 16
 MAX_ITEMS = 1024
+# k3:nodePool.nodeCount's ceiling: node-local copies are one per node.
+NODE_LOCAL_MAX_REPLICAS = 64
 
 
 
@@ -164,6 +166,11 @@ def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
     check_topology(cfg, receipt)
     _check_gateway(cfg)
     _check_autoscaling(cfg)
+    if cfg.weights.mode == "node-local" and cfg.replicas > NODE_LOCAL_MAX_REPLICAS:
+        raise ConfigError("k3:replicas", cfg.replicas,
+                          f"must be at most {NODE_LOCAL_MAX_REPLICAS} with k3:weights.mode = "
+                          "node-local: each replica's node holds its own copy, filled through "
+                          "the fan-out, and a node pool holds at most that many nodes")
     if cfg.serving.update_partition > cfg.replicas:
         raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
                           f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")
