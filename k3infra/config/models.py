@@ -13,9 +13,12 @@ from k3infra.fieldtypes import (
     DnsSubdomain, DockerTag, EnvName, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
     IpAddress, LabelKey, LabelValue, Percent, Port, Replicas, Repository,
     ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
-    integer, number)
+    LABEL_KEY_REGEX, integer, number, pattern)
 
 Labels = dict[LabelKey, LabelValue]
+DomainLabel, _ = pattern(LABEL_KEY_REGEX, "a node label key naming the node's NVLink domain, such "
+                         "as nvidia.com/gpu.clique (set by GPU feature discovery on multi-node "
+                         "NVLink trays)", 317)
 
 # The accuracy smoke test's image (k3:accuracy.image): yours, built with lm-eval and the
 # task datasets; the all-zero digest is a placeholder `pulumi up` refuses.
@@ -490,7 +493,7 @@ class MultiNodeConfig(_Section):
     gpus_per_node: integer(1, 64) = Field(default=4, alias="gpusPerNode")
     # The node label that names a node's NVLink domain; GPU feature discovery sets
     # nvidia.com/gpu.clique (<cluster UUID>.<clique id>) on multi-node NVLink trays.
-    domain_label: LabelKey = Field(default="nvidia.com/gpu.clique", alias="domainLabel")
+    domain_label: DomainLabel = Field(default="nvidia.com/gpu.clique", alias="domainLabel")
 
 
 class StackConfig(_Section):
