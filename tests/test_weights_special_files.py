@@ -256,3 +256,15 @@ def test_open_regular_refuses_a_fifo_without_blocking(tmp_path):
     with pytest.raises(OSError) as exc:
         tree.open_regular(str(path))
     assert exc.value.filename == str(path) and "FIFO" in exc.value.strerror
+
+
+def test_the_prefetch_refuses_a_fifo_for_its_partial_file_and_its_directory_lock(tmp_path):
+    from k3infra.weights import prefetch
+
+    partial = tmp_path / "model.safetensors.part"
+    os.mkfifo(partial)
+    with pytest.raises(OSError) as exc:
+        prefetch._open_partial(str(partial))
+    assert exc.value.filename == str(partial)
+    with pytest.raises(OSError):
+        prefetch._DirLock(str(partial), emit=lambda _line: None)
