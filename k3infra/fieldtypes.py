@@ -124,7 +124,7 @@ EnvName, ENV_NAME = pattern(r"[A-Z_][A-Z0-9_]*", "must be an environment variabl
 Flag, FLAG = pattern(r"--[a-z0-9][a-z0-9-]*", "must be a long option (--name)", 128)
 ScrapeInterval, SCRAPE_INTERVAL = pattern(r"[1-9][0-9]{0,3}(s|m)", "must be a duration such as "
                                           "30s or 1m (1-9999 s or m)")
-CronField, CRON = pattern(r"[0-9*/,-]+( [0-9*/,-]+){4}|disabled",
+CronField, CRON = pattern(r"[0-9A-Za-z*/,?-]+( [0-9A-Za-z*/,?-]+){4}|disabled",
                           "must be a 5-field cron schedule (minute hour day month weekday) or "
                           "'disabled'", 128)
 Version, VERSION = pattern(r"[0-9]+\.[0-9]+\.[0-9]+([.+-][0-9A-Za-z.]+)?",
