@@ -139,6 +139,19 @@ FilePath, FILE_PATH = pattern(r"[A-Za-z0-9._/+@-]+", "must be a file path of let
                               "and ._/+@-", 1024)
 
 
+def _labels(value: dict) -> dict:
+    # Checked as a whole, so a refusal names the key (k3:network.allowFromPodLabels) and
+    # the message the label.
+    for key, val in value.items():
+        if not LABEL_KEY.matches(key):
+            raise ValueError(f"{key!r} is not a Kubernetes label key ([prefix/]name, the name "
+                             "at most 63 characters)")
+        if not LABEL_VALUE.matches(val):
+            raise ValueError(f"{key}={val!r}: not a Kubernetes label value (a string of at "
+                             "most 63 letters, digits, '-', '_', '.')")
+    return value
+
+
 def _cidr(value: str) -> str:
     import ipaddress
 
@@ -160,6 +173,7 @@ def _ip(value: str) -> str:
 
 
 Cidr = Annotated[str, Field(max_length=64), AfterValidator(_cidr)]
+Labels = Annotated[dict[str, str], AfterValidator(_labels)]
 IpAddress = Annotated[str, Field(max_length=64), AfterValidator(_ip)]
 
 # ---- bounds -----------------------------------------------------------------------------

@@ -206,8 +206,8 @@ def _leaves(annotation, metadata=()) -> list[tuple[type, tuple]]:
         return _leaves(base, (*metadata, *meta))
     args = typing.get_args(annotation)
     if args and typing.get_origin(annotation) is not typing.Literal:
-        return [leaf for a in args for leaf in _leaves(a, ())] if typing.get_origin(annotation) \
-            is not typing.Union else [leaf for a in args for leaf in _leaves(a, metadata)]
+        # a container's own check (Labels: the whole map) covers its items
+        return [leaf for a in args for leaf in _leaves(a, metadata)]
     return [(annotation, metadata)]
 
 

@@ -11,11 +11,10 @@ from k3infra.config.pools import NodePoolConfig
 from k3infra.fieldtypes import (
     API_KEY, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsLabel,
     DnsSubdomain, DockerTag, EnvName, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
-    IpAddress, LabelKey, LabelValue, Percent, Port, Replicas, Repository,
+    IpAddress, Labels, LabelValue, Percent, Port, Replicas, Repository,
     ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
     LABEL_KEY_REGEX, integer, number, pattern)
 
-Labels = dict[LabelKey, LabelValue]
 DomainLabel, _ = pattern(LABEL_KEY_REGEX, "a node label key naming the node's NVLink domain, such "
                          "as nvidia.com/gpu.clique (set by GPU feature discovery on multi-node "
                          "NVLink trays)", 317)
