@@ -49,7 +49,7 @@ LABEL_MAX = 63                       # Kubernetes label values and DNS labels
 # derived name, label value and Job pod label must fit in LABEL_MAX.
 LONGEST_SUFFIX = len("-engine-context-") + 10
 MAX_INSTANCE_LENGTH = LABEL_MAX - LONGEST_SUFFIX          # 37
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(r"\A[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 
 
 def check_instance_name(name: str, what: str = "K3ServingStack name") -> str:

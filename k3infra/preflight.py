@@ -4,7 +4,7 @@
 - node count vs replicas (one replica is one whole 8-GPU node);
 - each weights volume (k3:weights.sizeGi) vs two trees, the update path's need;
 - local NVMe per node vs the weights (lock total, or the receipt's size) plus a margin,
-  in node-local mode;
+  in node-local mode; the shared weights volume vs the tree;
 - Capacity Block AZ vs the node group's subnets (AWS).
 
 Each check returns a `Check` (one line for the render) or raises `PreflightError`, a

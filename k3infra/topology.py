@@ -60,8 +60,8 @@ MASTER_PORT = 29501
 GROUP_PORT_RANGE = (1024, 65535)
 
 # A node label key: [prefix/]name (Kubernetes qualified name).
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"\A([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 
 
 def is_multi_node(cfg: "StackConfig") -> bool:

@@ -5,6 +5,7 @@ the objects a variant injects."""
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -420,6 +421,194 @@ def gateway_bypassed_from_another_namespace(plan):
 def gateway_proxy_peer_widened_to_its_namespace(plan):
     _with_gateway(plan)
     del _named(plan, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"][0]["from"][0]["podSelector"]
+
+
+# --- issue 28, point 5: behaviour, not shape ----------------------------------------------
+# Each keeps what the shape checks look at (args, a `gate` word, the env names) and changes
+# what runs or what reaches the engine.
+
+def _script(plan) -> list:
+    return vllm(plan)["command"]
+
+
+def _edit_script(plan, old: str, new: str) -> None:
+    command = _script(plan)
+    assert old in command[2], old
+    command[2] = command[2].replace(old, new)
+
+
+def _inject(plan, kind: str, name: str, body: dict) -> dict:
+    """A new object of `kind`, registered like the render's own (a copy of one of them)."""
+    like = copy.deepcopy(resources(plan, kind)[0])
+    like["name"] = name
+    like["urn"] = like["urn"].rsplit("::", 1)[0] + "::" + name
+    like["inputs"] = body
+    plan["resources"].append(like)
+    return like
+
+
+def _namespace(plan) -> str:
+    return serving(plan)["metadata"]["namespace"]
+
+
+def _serving_labels(plan) -> dict:
+    return dict(serving(plan)["spec"]["selector"]["matchLabels"])
+
+
+_GATE_FAIL = "|| { k3_phase gate fail; exit 1; }"
+
+
+@variant("k3-engine-command")
+def gate_failure_ignored(plan):
+    _edit_script(plan, _GATE_FAIL, "|| true")
+
+
+@variant("k3-engine-command")
+def gate_removed_phase_echoes_kept(plan):
+    command = _script(plan)
+    parts = command[2].split("; ")
+    command[2] = "; ".join(p for p in parts if "K3_RUNTIME_BOOTSTRAP" not in p)
+
+
+@variant("k3-engine-command")
+def gate_moved_to_an_init_container(plan):
+    command = _script(plan)
+    gate_line = next(p for p in command[2].split("; ") if "K3_RUNTIME_BOOTSTRAP" in p)
+    command[2] = command[2].replace(gate_line + "; ", "")
+    init = copy.deepcopy(vllm(plan))
+    init.update(name="weights-gate", command=["sh", "-c", gate_line.split(" || ")[0]], args=[])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe", "lifecycle"):
+        init.pop(probe, None)
+    pod_spec(plan).setdefault("initContainers", []).append(init)
+
+
+@variant("k3-engine-command")
+def gate_checks_another_directory(plan):
+    _edit_script(plan, 'gate "$K3_TREE"', 'gate "/weights/elsewhere"')
+
+
+@variant("k3-engine-command")
+def gate_reads_another_lock(plan):
+    set_env(gate(plan), "K3_GATE_LOCK", "/tmp/k3-gate/lock.json")
+
+
+@variant("k3-engine-command")
+def gate_runs_another_bootstrap(plan):
+    set_env(gate(plan), "K3_RUNTIME_BOOTSTRAP", "import sys; sys.exit(0)")
+
+
+@variant("k3-engine-command")
+def gate_runtime_pins_rewritten(plan):
+    c = gate(plan)
+    pins = json.loads(env_of(c, "K3_RUNTIME_SHA256"))
+    pins["k3weights/gate.py"] = "ab" * 32
+    set_env(c, "K3_RUNTIME_SHA256", json.dumps(pins))
+
+
+@variant("k3-engine-command")
+def script_starts_vllm_with_other_flags(plan):
+    # `args` still shows the receipt's flags; the script ignores them.
+    _edit_script(plan, 'exec "$@"', 'exec vllm serve "$1" --enforce-eager --max-model-len 4096')
+
+
+@variant("k3-engine-command")
+def allocator_overridden_inside_the_script(plan):
+    _edit_script(plan, 'exec "$@"',
+                 'export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False; exec "$@"')
+
+
+@variant("k3-engine-command")
+def second_container_runs_vllm(plan):
+    extra = copy.deepcopy(vllm(plan))
+    extra.update(name="sidecar", command=["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                 args=["--model", "/weights/elsewhere", "--host", "127.0.0.1", "--port", "8002"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        extra.pop(probe, None)
+    pod_spec(plan)["containers"].append(extra)
+
+
+@variant("k3-engine-command")
+def startup_probe_is_tcp_on_the_proxy(plan):
+    probe = vllm(plan)["startupProbe"]
+    probe.pop("exec")
+    probe["tcpSocket"] = {"port": serving(plan)["spec"]["template"]["spec"]["containers"][1][
+        "ports"][0]["containerPort"]}
+
+
+@variant("k3-engine-exposure")
+def engine_listens_on_every_interface(plan):
+    replace_arg(vllm(plan), "--host", "0.0.0.0")
+
+
+@variant("k3-engine-exposure")
+def engine_port_published_on_the_node(plan):
+    port = int(vllm(plan)["args"][vllm(plan)["args"].index("--port") + 1])
+    vllm(plan)["ports"] = [{"containerPort": port, "hostPort": port, "protocol": "TCP"}]
+
+
+@variant("k3-engine-exposure")
+def service_aimed_at_the_engine(plan):
+    port = int(vllm(plan)["args"][vllm(plan)["args"].index("--port") + 1])
+    _inject(plan, "Service", "kimi-k3-engine-direct", {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kimi-k3-engine", "namespace": _namespace(plan)},
+        "spec": {"type": "ClusterIP", "selector": _serving_labels(plan),
+                 "ports": [{"name": "engine", "port": port, "targetPort": port}]}})
+
+
+@variant("k3-engine-exposure")
+def serving_service_made_a_load_balancer(plan):
+    for r in resources(plan, "Service"):
+        if r["inputs"]["spec"].get("type") == "ClusterIP":
+            r["inputs"]["spec"]["type"] = "LoadBalancer"
+
+
+@variant("k3-engine-exposure")
+def extra_network_policy_opens_the_engine(plan):
+    port = int(vllm(plan)["args"][vllm(plan)["args"].index("--port") + 1])
+    _inject(plan, "NetworkPolicy", "kimi-k3-debug", {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "kimi-k3-debug", "namespace": _namespace(plan)},
+        "spec": {"podSelector": {"matchLabels": _serving_labels(plan)},
+                 "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"namespaceSelector": {}}],
+                              "ports": [{"protocol": "TCP", "port": port}]}]}})
+
+
+@variant("k3-engine-isolation")
+def privileged_namespace_and_root_engine(plan):
+    for r in resources(plan, "Namespace"):
+        if r["inputs"]["metadata"]["name"] == _namespace(plan):
+            r["inputs"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "privileged"
+    ctx = vllm(plan)["securityContext"]
+    ctx.update(runAsUser=0, runAsNonRoot=False)
+    pod_spec(plan)["securityContext"].update(runAsUser=0, runAsNonRoot=False)
+
+
+@variant("k3-engine-isolation")
+def host_path_volume_through_the_weights_claim(plan):
+    pvc = inputs(plan, "PersistentVolumeClaim")
+    pvc["spec"]["volumeName"] = "kimi-k3-weights-hostpath"
+    _inject(plan, "PersistentVolumeClaim", "kimi-k3-weights-hostpath", {
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "kimi-k3-weights-hostpath"},
+        "spec": {"capacity": {"storage": "1700Gi"}, "accessModes": ["ReadWriteMany"],
+                 "hostPath": {"path": "/"},
+                 "claimRef": {"name": pvc["metadata"]["name"],
+                              "namespace": pvc["metadata"]["namespace"]}}})
+    plan["resources"][-1]["type"] = "kubernetes:core/v1:PersistentVolume"
+
+
+@variant("k3-disruption-budget")
+def budget_allows_every_pod_down(plan):
+    inputs(plan, "PodDisruptionBudget")["spec"]["maxUnavailable"] = "100%"
+
+
+@variant("k3-disruption-budget")
+def budget_protects_nothing(plan):
+    spec = inputs(plan, "PodDisruptionBudget")["spec"]
+    spec.pop("maxUnavailable")
+    spec["minAvailable"] = 0
 
 
 # --- a Docker host's containers (k3infra/host), injected into the plan ---------------------

@@ -58,7 +58,7 @@ BAD = [
     ("weights", '{"nodeLocalRoot": "/mnt"}', "k3:weights.nodeLocalRoot", "under /mnt/", "'/mnt'"),
     ("weights", '{"gateMode": "trust"}', "k3:weights.gateMode", "'warm' or 'stamps'", "'trust'"),
     ("weights", '{"auditSchedule": "daily"}', "k3:weights.auditSchedule", "5-field cron", "'daily'"),
-    ("serving", '{"storageReadGBps": 0}', "k3:serving.storageReadGBps", "greater than 0", '= 0:'),
+    ("serving", '{"storageReadGBps": 0}', "k3:serving.storageReadGBps", "greater than or equal to 0.001", '= 0:'),
     ("serving", '{"shmSize": 64}', "k3:serving.shmSize", "not a known key", '= 64:'),
     ("namespace", "K3_Prod", "k3:namespace", "DNS label"),
     ("namespace", "a" * 64, "k3:namespace", "DNS label", "'" + "a" * 64 + "'"),

@@ -7,7 +7,7 @@ test_consumers.py checks that the real CLI reads the same one through the plugin
 import json
 import re
 import tomllib
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
@@ -48,7 +48,9 @@ def resolve(schema: dict, dotted: str) -> dict:
 def _inner(ann: Any) -> Any:
     if get_origin(ann) is Union:
         members = [a for a in get_args(ann) if a is not type(None)]
-        return members[0] if len(members) == 1 else ann
+        ann = members[0] if len(members) == 1 else ann
+    if get_origin(ann) is Annotated:      # a checked type (k3infra.fieldtypes): its base
+        return get_args(ann)[0]
     return ann
 
 

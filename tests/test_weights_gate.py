@@ -3,7 +3,6 @@ forged stamps, a forged marker, a replaced lock + tree + marker; the lock is rea
 stamps mode trusts only the pod-private record it wrote itself."""
 from __future__ import annotations
 
-import builtins
 import json
 import os
 
@@ -99,14 +98,14 @@ def test_a_hand_edited_lock_digest_is_refused(served):
 def test_the_lock_is_read_exactly_once(served, monkeypatch):
     root, lock, lock_file, _state = served
     opened: list[str] = []
-    real_open = builtins.open
+    real_open = os.open
 
     def counting(file, *a, **kw):
         if str(file) == str(lock_file):
             opened.append(str(file))
         return real_open(file, *a, **kw)
 
-    monkeypatch.setattr(builtins, "open", counting)
+    monkeypatch.setattr(os, "open", counting)
     assert run(root, lock_file, lock.tree_digest).ok
     assert opened == [str(lock_file)]
 

@@ -35,9 +35,9 @@ def hash_calls(monkeypatch):
     calls: list[str] = []
     real = tree.hash_file
 
-    def counting(path, buf=None):
+    def counting(path, buf=None, limit=None):
         calls.append(path)
-        return real(path, buf)
+        return real(path, buf, limit)
 
     monkeypatch.setattr(tree, "hash_file", counting)
     return calls

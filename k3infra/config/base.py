@@ -2,20 +2,23 @@
 the base section model and the checks several sections use."""
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from k3infra.fieldtypes import API_KEY, COMMIT, DIGEST_IMAGE, DNS_LABEL, MAX_STRING
+
 # The Pulumi config namespace of every key (`k3:weightsRevision`); not a Kubernetes
 # namespace (that is k3:namespace, by default the component's instance name).
 CONFIG_NAMESPACE = "k3"
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-DIGEST_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
-DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Anchored with \A..\Z (never `$`, which matches before a final newline); the checks
+# themselves are the types of k3infra.fieldtypes, these are for callers that match text.
+COMMIT_RE = COMMIT.anchored
+DIGEST_IMAGE_RE = DIGEST_IMAGE.anchored
+DNS_LABEL_RE = DNS_LABEL.anchored
 SECRET_PLACEHOLDER = "[secret]"
 # RFC 6750 bearer token (b64token): what the serving proxy compares byte for byte.
-API_KEY_RE = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+API_KEY_RE = API_KEY.anchored
 # The serving proxy (k3infra/serving/proxy.py): nginx, non-root, by digest. The shipped
 # digest is an all-zero placeholder: renders work, `pulumi up` refuses it
 # (docs/security.md shows how to read the real digest of the tag).
@@ -29,6 +32,8 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, accepted: str):
         self.key, self.value, self.accepted = key, value, accepted
         shown = SECRET_PLACEHOLDER if isinstance(value, Secret) else repr(value)
+        if len(shown) > 200:          # one readable line, whatever was typed
+            shown = shown[:200] + "..."
         super().__init__(f"{key} = {shown}: {accepted}")
 
 
@@ -51,26 +56,8 @@ class Secret:
 
 
 class _Section(BaseModel):
+    # Every float of every section is finite and every string bounded, whatever its type
+    # says (parse.check_values refuses control characters in any string before this).
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
-                              arbitrary_types_allowed=True)
-
-
-_LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-
-
-def _check_labels(v: dict[str, str]) -> dict[str, str]:
-    for key, value in v.items():
-        if not _LABEL_KEY_RE.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
-            raise ValueError(f"{key!r} is not a Kubernetes label key")
-        if not isinstance(value, str) or not _LABEL_VALUE_RE.match(value) or len(value) > 63:
-            raise ValueError(f"{key}={value!r}: not a Kubernetes label value "
-                             "(a string of at most 63 letters, digits, '-', '_', '.')")
-    return v
-
-
-def _check_dns_labels(v: list[str]) -> list[str]:
-    for name in v:
-        if not DNS_LABEL_RE.match(name) or len(name) > 63:
-            raise ValueError(f"{name!r} is not a namespace name (DNS label)")
-    return v
+                              arbitrary_types_allowed=True, allow_inf_nan=False,
+                              str_max_length=MAX_STRING)

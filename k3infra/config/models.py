@@ -2,15 +2,22 @@
 `StackConfig`)."""
 from __future__ import annotations
 
-import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from k3infra.config.base import (COMMIT_RE, DIGEST_IMAGE_RE, DNS_LABEL_RE,
-                                 SECRET_PLACEHOLDER, API_KEY_RE, PROXY_IMAGE, Secret,
-                                 _Section, _check_labels, _check_dns_labels)
+from k3infra.config.base import (SECRET_PLACEHOLDER, PROXY_IMAGE, Secret, _Section)
 from k3infra.config.pools import NodePoolConfig
+from k3infra.fieldtypes import (
+    API_KEY, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsLabel,
+    DnsSubdomain, DockerTag, EnvName, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
+    IpAddress, Labels, LabelValue, Percent, Port, Replicas, Repository,
+    ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
+    LABEL_KEY_REGEX, integer, number, pattern)
+
+DomainLabel, _ = pattern(LABEL_KEY_REGEX, "a node label key naming the node's NVLink domain, such "
+                         "as nvidia.com/gpu.clique (set by GPU feature discovery on multi-node "
+                         "NVLink trays)", 317)
 
 # The accuracy smoke test's image (k3:accuracy.image): yours, built with lm-eval and the
 # task datasets; the all-zero digest is a placeholder `pulumi up` refuses.
@@ -20,15 +27,15 @@ ACCURACY_IMAGE = "k3infra-accuracy:lm-eval-0.4.13@sha256:" + "0" * 64
 class SurfaceConfig(_Section):
     """Serving-surface settings from the receipt's allow-list (k3:surface)."""
 
-    args: dict[str, Union[str, bool]] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    args: dict[Flag, Union[bool, str]] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
 
 
 class CustomConfig(_Section):
     """Engine-path changes; only accepted with `k3:profile: custom` (k3:custom)."""
 
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
 
 
 class ContainerResources(_Section):
@@ -130,43 +137,39 @@ class ServingConfig(_Section):
     # Storage read throughput the weights gate sees, GB/s. 2 GB/s is a conservative
     # figure for a parallel file system or one local NVMe; a slow guess only makes the
     # startup budget more generous, a fast one kills pods still loading.
-    storage_read_gbps: float = Field(default=2.0, gt=0, alias="storageReadGBps")
-    shm_size_gi: int = Field(default=64, ge=1, alias="shmSizeGi")
+    storage_read_gbps: GBps = Field(default=2.0, alias="storageReadGBps")
+    # Pod sizes: at most what one node of the pool can hold (an 8x B300 node has 2 x 128
+    # cores and ~4 TiB of memory; /dev/shm is memory).
+    shm_size_gi: integer(1, 8192) = Field(default=64, alias="shmSizeGi")
     # The vLLM container's request = limit. The defaults are the receipt's node; the
-    # lower bounds are a small CPU node's (docs/configuration.md).
-    cpu: int = Field(default=96, ge=1)
-    memory_gi: int = Field(default=1536, ge=1, alias="memoryGi")
-    cache_size_gi: int = Field(default=100, ge=1, alias="cacheSizeGi")
-    cache_storage_class: Optional[str] = Field(default=None, alias="cacheStorageClass")
-    termination_grace_seconds: int = Field(default=180, ge=30, alias="terminationGraceSeconds")
+    # lower bounds are a small CPU node's (docs/configuration.md); the preflight holds
+    # cpu to the engine's worker processes.
+    cpu: integer(1, 1024) = 96
+    memory_gi: integer(1, 8192) = Field(default=1536, alias="memoryGi")
+    cache_size_gi: Gi = Field(default=100, alias="cacheSizeGi")
+    cache_storage_class: Optional[DnsSubdomain] = Field(default=None, alias="cacheStorageClass")
+    termination_grace_seconds: integer(30, 86400) = Field(default=180, alias="terminationGraceSeconds")
     # preStop drain before vLLM gets SIGTERM (which aborts requests still running):
     # unset = endpoint propagation + the receipt's slowest measured request (serving/drain).
-    drain_seconds: Optional[int] = Field(default=None, ge=0, alias="drainSeconds")
+    drain_seconds: Optional[integer(0, 3600)] = Field(default=None, alias="drainSeconds")
     # RollingUpdate replaces pods one node at a time from the highest ordinal down;
     # pods with an ordinal below updatePartition keep the old template (a canary: set
     # it to replicas - 1, check the new pod, then lower it). OnDelete replaces a pod only
     # when you delete it.
     update_strategy: Literal["RollingUpdate", "OnDelete"] = Field(default="RollingUpdate",
                                                                   alias="updateStrategy")
-    update_partition: int = Field(default=0, ge=0, alias="updatePartition")
+    update_partition: integer(0, 1024) = Field(default=0, alias="updatePartition")
     # The proxy's ports (the only ones on the pod's address): the API (clients), the
     # metrics (the scraper) and the health port (kubelet probes). vLLM itself listens
     # on 127.0.0.1:enginePort, unreachable from outside the pod.
-    port: int = Field(default=8000, ge=1024, le=65535)
-    metrics_port: int = Field(default=9090, ge=1024, le=65535, alias="metricsPort")
-    health_port: int = Field(default=8081, ge=1024, le=65535, alias="healthPort")
-    engine_port: int = Field(default=8001, ge=1024, le=65535, alias="enginePort")
-    proxy_image: str = Field(default=PROXY_IMAGE, alias="proxyImage")
+    port: UnprivilegedPort = 8000
+    metrics_port: UnprivilegedPort = Field(default=9090, alias="metricsPort")
+    health_port: UnprivilegedPort = Field(default=8081, alias="healthPort")
+    engine_port: UnprivilegedPort = Field(default=8001, alias="enginePort")
+    proxy_image: DigestImage = Field(default=PROXY_IMAGE, alias="proxyImage")
     proxy_resources: ProxyResources = Field(default_factory=ProxyResources, alias="proxyResources")
     # The vLLM container's /tmp (an emptyDir: the gate's runtime copy, vLLM's scratch).
-    tmp_size_gi: int = Field(default=16, ge=1, le=4096, alias="tmpSizeGi")
-
-    @field_validator("proxy_image")
-    @classmethod
-    def _proxy_pinned(cls, v: str) -> str:
-        if not DIGEST_IMAGE_RE.match(v):
-            raise ValueError("must be pinned by digest: <repository>[:<tag>]@sha256:<64 hex>")
-        return v
+    tmp_size_gi: integer(1, 4096) = Field(default=16, alias="tmpSizeGi")
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "ServingConfig":
@@ -183,56 +186,55 @@ class ColdStartConfig(_Section):
 
     # The engine image's compressed size and the registry pull rate: 20-30 GB pulled in
     # 1-10 min (issue 20's figures); the default is the slow end.
-    image_gb: float = Field(default=30.0, gt=0, alias="imageGB")
-    image_pull_gbps: float = Field(default=0.05, gt=0, alias="imagePullGBps")
+    image_gb: number(0.01, 10_000) = Field(default=30.0, alias="imageGB")
+    image_pull_gbps: GBps = Field(default=0.05, alias="imagePullGBps")
     # The engine's load rate from a hot page cache (vLLM PR 36012: DeepSeek-V3-0324, TP8
     # on B200, 215-435 s with prefetching; ~689 GB / 435 s = 1.58 GB/s, the slow end).
-    warm_load_gbps: float = Field(default=1.5, gt=0, alias="warmLoadGBps")
+    warm_load_gbps: GBps = Field(default=1.5, alias="warmLoadGBps")
     # ... and with cold lazy mmap reads (the same PR: 1500-3660 s; 689 GB / 3660 s).
-    cold_load_gbps: float = Field(default=0.18, gt=0, alias="coldLoadGBps")
+    cold_load_gbps: GBps = Field(default=0.18, alias="coldLoadGBps")
     # torch.compile + CUDA graph capture at TP8: 4-10 min cold, 1-2 min from a seeded
     # cache (issue 20's figures; vLLM PR 16848 loads compiled graphs from the cache).
-    compile_cold_seconds: int = Field(default=1200, ge=0, alias="compileColdSeconds")
-    compile_warm_seconds: int = Field(default=240, ge=0, alias="compileWarmSeconds")
+    compile_cold_seconds: Seconds = Field(default=1200, alias="compileColdSeconds")
+    compile_warm_seconds: Seconds = Field(default=240, alias="compileWarmSeconds")
     # "seeded": every serving node's compile cache was seeded (docs/coldstart.md), so
     # the deadline may assume the warm compile. "cold" assumes nothing.
     compile_cache: Literal["cold", "seeded"] = Field(default="cold", alias="compileCache")
     # Memory profiling, KV cache allocation and warmup after the load (an allowance).
-    profiling_seconds: int = Field(default=180, ge=0, alias="profilingSeconds")
+    profiling_seconds: Seconds = Field(default=180, alias="profilingSeconds")
     # Every phase's estimate is multiplied by this: the tail is covered.
-    tail_factor: float = Field(default=1.5, ge=1.0, alias="tailFactor")
+    tail_factor: Factor = Field(default=1.5, alias="tailFactor")
     # Pull the engine image on every serving node while the weights download (a
     # DaemonSet), so the pull is off the serving pod's path.
     prepull: bool = True
     # The prefetch restarts a download that moved no byte for this long (same resume path).
-    download_stall_seconds: int = Field(default=300, ge=30, alias="downloadStallSeconds")
+    download_stall_seconds: integer(30, 86400) = Field(default=300, alias="downloadStallSeconds")
 
 
 # node-local weights live under one of these host prefixes only: the node pools mount
 # local NVMe there, and a root elsewhere (/, /etc, /var/lib/kubelet...) would hand the
 # weights volume's writers a system directory.
 NODE_LOCAL_ROOT_PREFIXES = ("/mnt/", "/var/lib/k3infra/")
-_HUB_ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
 class WeightsConfig(_Section):
     """Where the weights live and how they get there (k3:weights)."""
 
     mode: Literal["shared", "node-local"] = "shared"
-    lock_file: Optional[str] = Field(default=None, alias="lockFile")
-    storage_class: Optional[str] = Field(default=None, alias="storageClass")
+    lock_file: Optional[FilePath] = Field(default=None, alias="lockFile")
+    storage_class: Optional[DnsSubdomain] = Field(default=None, alias="storageClass")
     # Two trees: a revision change fetches the new tree beside the old one (staging
     # directory, renamed into place) before the old one is cleaned up (docs/weights.md).
-    size_gi: int = Field(default=3200, ge=1, alias="sizeGi")
-    node_local_root: str = Field(default="/mnt/k3-weights", alias="nodeLocalRoot")
+    size_gi: Gi = Field(default=3200, alias="sizeGi")
+    node_local_root: AbsPath = Field(default="/mnt/k3-weights", alias="nodeLocalRoot")
     # node-local: the StorageClass of the per-node local PersistentVolumes (each with
     # node affinity to its node); docs/weights.md names what creates the PVs.
-    local_storage_class: str = Field(default="k3-local-nvme", alias="localStorageClass")
+    local_storage_class: DnsSubdomain = Field(default="k3-local-nvme", alias="localStorageClass")
     # A Hub mirror or proxy inside your network (the prefetch's HF_ENDPOINT, as in
     # huggingface_hub); unset: the Hugging Face Hub itself. Narrow k3:network.hubCidrs to it.
-    hub_endpoint: Optional[str] = Field(default=None, alias="hubEndpoint")
+    hub_endpoint: Optional[HttpUrl] = Field(default=None, alias="hubEndpoint")
     # Expected Hub download bandwidth in GB/s: sizes the prefetch Job's timeout.
-    download_gbps: float = Field(default=0.5, gt=0, alias="downloadGBps")
+    download_gbps: GBps = Field(default=0.5, alias="downloadGBps")
     # Where node-local copies after the first take their bytes (docs/weights.md, "Once per
     # cluster"): the Hub for every copy, in-cluster sources of verified copies only, or
     # those first and the Hub as the fallback (the default: 1x the tree from the Hub,
@@ -240,14 +242,14 @@ class WeightsConfig(_Section):
     source: Literal["hub", "cluster", "cluster-then-hub"] = "cluster-then-hub"
     # Expected rate of one in-cluster transfer (source -> filling node), GB/s: sizes the
     # in-cluster fills' timeouts and the fill plan render prints.
-    cluster_gbps: float = Field(default=2.0, gt=0, alias="clusterGBps")
+    cluster_gbps: GBps = Field(default=2.0, alias="clusterGBps")
     # The check before every engine start: warm = full read-and-hash (warms the page
     # cache for the load); stamps = full at pod creation, then this pod's own stamps on
     # container restarts (nodes whose RAM cannot hold the tree).
     gate_mode: Literal["warm", "stamps"] = Field(default="warm", alias="gateMode")
     # A full re-verify of every copy on this cron schedule (a CronJob, read-only mount);
     # "disabled" turns it off.
-    audit_schedule: Optional[str] = Field(default="30 4 * * 0", alias="auditSchedule")
+    audit_schedule: Optional[CronField] = Field(default="30 4 * * 0", alias="auditSchedule")
     prefetch_resources: PrefetchResources = Field(default_factory=PrefetchResources,
                                                   alias="prefetchResources")
     gate_resources: GateResources = Field(default_factory=GateResources, alias="gateResources")
@@ -255,7 +257,7 @@ class WeightsConfig(_Section):
     # 1.56 TB before every engine start: on a B300 node (192 vCPUs) 32 threads hash
     # ~50 GB/s, above what the local NVMe array reads (docs/weights.md), so the disk
     # stays the limit; a small node sets about its CPUs.
-    hash_workers: int = Field(default=32, ge=1, le=256, alias="hashWorkers")
+    hash_workers: integer(1, 256) = Field(default=32, alias="hashWorkers")
 
     @field_validator("node_local_root")
     @classmethod
@@ -271,20 +273,12 @@ class WeightsConfig(_Section):
     @field_validator("hub_endpoint")
     @classmethod
     def _endpoint(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not _HUB_ENDPOINT_RE.fullmatch(v):
-            raise ValueError("must be an http(s) base URL such as https://hub.example.com "
-                             "(scheme, host, optional port and path; no query, no spaces)")
-        return v if v is None else v.rstrip("/")
+        return v if v is None else v.rstrip("/")   # huggingface_hub joins paths itself
 
     @field_validator("audit_schedule")
     @classmethod
     def _cron(cls, v: Optional[str]) -> Optional[str]:
-        if v is None or v == "disabled":
-            return None
-        if len(v.split()) != 5:
-            raise ValueError("must be a 5-field cron schedule (minute hour day month weekday) "
-                             "or 'disabled'")
-        return v
+        return None if v == "disabled" else v
 
 
 _PLACEHOLDER_DIGEST = "@sha256:" + "0" * 64
@@ -296,17 +290,10 @@ class BaseImages(_Section):
     placeholders of the Dockerfile's exact tags: `pulumi up` refuses to build with them
     (docs/engine.md shows how to read each tag's digest)."""
 
-    cuda_devel: str = Field(default="nvidia/cuda:13.0.2-devel-ubuntu22.04" + _PLACEHOLDER_DIGEST,
-                            alias="cudaDevel")
-    uv: str = "ghcr.io/astral-sh/uv:0.8.22" + _PLACEHOLDER_DIGEST
-    rust: str = "rust:1.90.0-slim-bookworm" + _PLACEHOLDER_DIGEST
-
-    @field_validator("cuda_devel", "uv", "rust")
-    @classmethod
-    def _pinned(cls, v: str) -> str:
-        if not DIGEST_IMAGE_RE.match(v):
-            raise ValueError("must be pinned by digest: <repository>:<tag>@sha256:<64 hex>")
-        return v
+    cuda_devel: DigestImage = Field(default="nvidia/cuda:13.0.2-devel-ubuntu22.04" + _PLACEHOLDER_DIGEST,
+                                    alias="cudaDevel")
+    uv: DigestImage = "ghcr.io/astral-sh/uv:0.8.22" + _PLACEHOLDER_DIGEST
+    rust: DigestImage = "rust:1.90.0-slim-bookworm" + _PLACEHOLDER_DIGEST
 
 
 class EngineConfig(_Section):
@@ -319,156 +306,70 @@ class EngineConfig(_Section):
     # The receipt's short engine commit resolved once to its full 40-hex SHA (docs/engine.md,
     # "Pinning the engine commit"); it must start with the receipt's short SHA. Builds
     # take only this: `pulumi up` refuses to build without it.
-    commit: Optional[str] = None
+    commit: Optional[Commit] = None
     base_images: BaseImages = Field(default_factory=BaseImages, alias="baseImages")
     # Repository the build pushes to, without tag or digest: registry.example.com/k3/vllm.
-    registry: Optional[str] = None
+    registry: Optional[Repository] = None
     # Tag pushed next to the digest; default: derived from the receipt's engine commit.
-    tag: Optional[str] = None
+    tag: Optional[DockerTag] = None
     # in-cluster: an existing kubernetes.io/dockerconfigjson Secret with push rights, in
     # the build namespace.
-    registry_secret: Optional[str] = Field(default=None, alias="registrySecret")
+    registry_secret: Optional[DnsLabel] = Field(default=None, alias="registrySecret")
     # in-cluster: the build's own namespace (default <k3:namespace>-build). Rootless
     # BuildKit needs Pod Security `privileged`; the serving namespace stays `restricted`.
-    build_namespace: Optional[str] = Field(default=None, alias="buildNamespace")
+    build_namespace: Optional[DnsLabel] = Field(default=None, alias="buildNamespace")
     # in-cluster: where BuildKit reads images/ from. `configmap` uploads this checkout's
     # images/ (a few small files); `git` builds gitUrl at a pinned 40-hex gitRevision.
     context: Literal["configmap", "git"] = "configmap"
-    git_url: Optional[str] = Field(default=None, alias="gitUrl")
-    git_revision: Optional[str] = Field(default=None, alias="gitRevision")
+    git_url: Optional[GitUrl] = Field(default=None, alias="gitUrl")
+    git_revision: Optional[Commit] = Field(default=None, alias="gitRevision")
     # The CPU build node. nvcc jobs need several GiB each: MAX_JOBS/NVCC_THREADS are
     # derived from these two unless set (k3infra.engine.plan.build_parallelism).
-    build_cpu: int = Field(default=32, ge=4, alias="buildCpu")
-    build_memory_gi: int = Field(default=128, ge=16, alias="buildMemoryGi")
-    build_disk_gi: int = Field(default=200, ge=50, alias="buildDiskGi")
-    max_jobs: Optional[int] = Field(default=None, ge=1, alias="maxJobs")
-    nvcc_threads: Optional[int] = Field(default=None, ge=1, le=8, alias="nvccThreads")
-    build_node_selector: dict[str, str] = Field(default_factory=dict, alias="buildNodeSelector")
+    build_cpu: integer(4, 1024) = Field(default=32, alias="buildCpu")
+    build_memory_gi: integer(16, 8192) = Field(default=128, alias="buildMemoryGi")
+    build_disk_gi: integer(50, 65536) = Field(default=200, alias="buildDiskGi")
+    max_jobs: Optional[integer(1, 1024)] = Field(default=None, alias="maxJobs")
+    nvcc_threads: Optional[integer(1, 8)] = Field(default=None, alias="nvccThreads")
+    build_node_selector: Labels = Field(default_factory=dict, alias="buildNodeSelector")
     # in-cluster: what keeps the build (untrusted setup code, unconfined seccomp) away
     # from other workloads. `node-pool`: only nodes labelled and tainted
     # k3infra.dev/engine-build=true (a pool for builds alone); `runtime-class`: a
     # sandboxed RuntimeClass (gVisor, Kata) named by buildRuntimeClass.
     build_isolation: Literal["node-pool", "runtime-class"] = Field(default="node-pool",
                                                                    alias="buildIsolation")
-    build_runtime_class: Optional[str] = Field(default=None, alias="buildRuntimeClass")
+    build_runtime_class: Optional[DnsLabel] = Field(default=None, alias="buildRuntimeClass")
     # in-cluster: the API server's endpoint addresses (the report container writes the
     # result there); every other cluster address is cut out of the build's egress.
-    api_server_cidrs: list[str] = Field(default_factory=list, alias="apiServerCidrs")
+    api_server_cidrs: list[Cidr] = Field(default_factory=list, alias="apiServerCidrs")
     # in-cluster: a registry or mirror inside your network (cluster CIDRs are otherwise
     # unreachable from the build).
-    registry_cidrs: list[str] = Field(default_factory=list, alias="registryCidrs")
+    registry_cidrs: list[Cidr] = Field(default_factory=list, alias="registryCidrs")
     # Registry build cache: its own repository and push Secret (never the serving
     # image's); unset, builds use no registry cache at all.
-    cache_registry: Optional[str] = Field(default=None, alias="cacheRegistry")
-    cache_registry_secret: Optional[str] = Field(default=None, alias="cacheRegistrySecret")
-    build_timeout_minutes: int = Field(default=600, ge=30, alias="buildTimeoutMinutes")
+    cache_registry: Optional[Repository] = Field(default=None, alias="cacheRegistry")
+    cache_registry_secret: Optional[DnsLabel] = Field(default=None, alias="cacheRegistrySecret")
+    build_timeout_minutes: integer(30, 10080) = Field(default=600, alias="buildTimeoutMinutes")
     # Optional sccache: a Secret whose `env` key holds SCCACHE_* settings (bucket, keys).
-    sccache_secret: Optional[str] = Field(default=None, alias="sccacheSecret")
+    sccache_secret: Optional[DnsLabel] = Field(default=None, alias="sccacheSecret")
     # in-cluster images: exact tag + digest. The shipped digests are all-zero
     # placeholders (renders work, `pulumi up` refuses them): docs/engine.md shows how to
     # read the real digest of each tag.
-    buildkit_image: str = Field(default="moby/buildkit:v0.23.2-rootless@sha256:" + "0" * 64,
+    buildkit_image: DigestImage = Field(default="moby/buildkit:v0.23.2-rootless@sha256:" + "0" * 64,
                                 alias="buildkitImage")
-    reporter_image: str = Field(default="python:3.12.11-slim-bookworm@sha256:" + "0" * 64,
+    reporter_image: DigestImage = Field(default="python:3.12.11-slim-bookworm@sha256:" + "0" * 64,
                                 alias="reporterImage")
     # profile upstream: the released vLLM version of k3:engineImage (>= 0.33.0).
-    upstream_version: Optional[str] = Field(default=None, alias="upstreamVersion")
+    upstream_version: Optional[Version] = Field(default=None, alias="upstreamVersion")
     # prebuilt: the image's dev.k3infra.engine.wheel-sha256 label, carried to the outputs.
-    wheel_sha256: Optional[str] = Field(default=None, alias="wheelSha256")
+    wheel_sha256: Optional[Sha256Hex] = Field(default=None, alias="wheelSha256")
     # Existing kubernetes.io/dockerconfigjson Secrets in the stack's namespace that pull
     # the engine image from a private registry (every pod that runs it: serving,
     # weights prefetch, benchmark).
-    pull_secrets: list[str] = Field(default_factory=list, alias="pullSecrets")
-
-    @field_validator("pull_secrets")
-    @classmethod
-    def _pull_secret_names(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not DNS_LABEL_RE.match(name) or len(name) > 63:
-                raise ValueError(f"{name!r} is not a Secret name (DNS label)")
-        return v
+    pull_secrets: list[DnsLabel] = Field(default_factory=list, alias="pullSecrets")
 
     def pull_secret_refs(self) -> dict:
         """`imagePullSecrets` for a pod spec that runs the engine image ({} when none)."""
         return {"imagePullSecrets": [{"name": n} for n in self.pull_secrets]} if self.pull_secrets else {}
-
-    @field_validator("api_server_cidrs", "registry_cidrs")
-    @classmethod
-    def _engine_cidrs(cls, v: list[str]) -> list[str]:
-        import ipaddress
-
-        for cidr in v:
-            try:
-                ipaddress.ip_network(cidr, strict=True)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
-        return v
-
-    @field_validator("registry", "cache_registry")
-    @classmethod
-    def _repository(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9._-]+)+$", v):
-            raise ValueError("must be a repository without tag or digest, such as "
-                             "registry.example.com/k3/vllm")
-        return v
-
-    @field_validator("tag")
-    @classmethod
-    def _tag(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", v):
-            raise ValueError("must be a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-        return v
-
-    @field_validator("build_namespace")
-    @classmethod
-    def _namespace(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
-            raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
-        return v
-
-    @field_validator("registry_secret", "sccache_secret", "cache_registry_secret",
-                     "build_runtime_class")
-    @classmethod
-    def _secret_name(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
-            raise ValueError("must be the name of a Secret in the stack's namespace")
-        return v
-
-    @field_validator("commit")
-    @classmethod
-    def _full_commit(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not COMMIT_RE.match(v):
-            raise ValueError("must be the full 40-hex engine commit (lowercase), resolved once "
-                             "from the receipt's short SHA")
-        return v
-
-    @field_validator("git_revision")
-    @classmethod
-    def _git_revision(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not COMMIT_RE.match(v):
-            raise ValueError("must be a 40-hex commit (lowercase): a build context is pinned")
-        return v
-
-    @field_validator("git_url")
-    @classmethod
-    def _git_url(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^(https://|ssh://|git@)\S+$", v):
-            raise ValueError("must be an https://, ssh:// or git@ Git URL")
-        return v
-
-    @field_validator("wheel_sha256")
-    @classmethod
-    def _sha256(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
-            raise ValueError("must be 64 lowercase hex characters (the wheel's SHA-256)")
-        return v
-
-    @field_validator("buildkit_image", "reporter_image")
-    @classmethod
-    def _pinned_image(cls, v: str) -> str:
-        if not DIGEST_IMAGE_RE.match(v):
-            raise ValueError("must be pinned by digest: <repository>[:<tag>]@sha256:<64 hex>")
-        return v
 
 
 class BenchmarkConfig(_Section):
@@ -476,23 +377,23 @@ class BenchmarkConfig(_Section):
 
     enabled: bool = False
     # None: the receipt's grid (filled in by parse_stack_config from the receipt given).
-    concurrencies: Optional[list[int]] = None
+    concurrencies: Optional[list[integer(1, 4096)]] = Field(default=None, max_length=64)
     # The receipt's grid is repeated this many times (its two runs agreed within 0.4 %);
     # every run and every request gets its own prompt.
-    runs: int = Field(default=2, ge=1, le=10)
+    runs: integer(1, 10) = 2
     # Seeds Workload A's prompts: same seed + run id + tokenizer -> identical prompts.
-    seed: int = Field(default=0, ge=0)
+    seed: Seed = 0
     # Measured requests per concurrency; None = the receipt's count (a different count
     # is no longer the receipt's workload and `bench compare` says so).
-    measured_requests: Optional[int] = Field(default=None, ge=1, le=10000, alias="measuredRequests")
+    measured_requests: Optional[integer(1, 10000)] = Field(default=None, alias="measuredRequests")
     # Every request generates exactly the receipt's output cap (comparable e2e latency).
     ignore_eos: bool = Field(default=True, alias="ignoreEos")
     # `bench compare` / `verify`: allowed |measured - receipt| / receipt, both directions.
-    tolerance_pct: float = Field(default=10.0, ge=0, le=100, alias="tolerancePct")
-    results_size_gi: int = Field(default=1, ge=1, alias="resultsSizeGi")
-    results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
+    tolerance_pct: number(0, 100) = Field(default=10.0, alias="tolerancePct")
+    results_size_gi: Gi = Field(default=1, alias="resultsSizeGi")
+    results_storage_class: Optional[DnsSubdomain] = Field(default=None, alias="resultsStorageClass")
     # The Job's deadline and how long `pulumi up` waits for it.
-    timeout_minutes: int = Field(default=90, ge=10, le=1440, alias="timeoutMinutes")
+    timeout_minutes: integer(10, 1440) = Field(default=90, alias="timeoutMinutes")
     resources: BenchmarkResources = Field(default_factory=BenchmarkResources)
     # "wide": the receipt's wider sweep (workload_a.wide_sweep: concurrency 32 and 128,
     # 2048-token outputs) instead of `concurrencies`; reported as new evidence.
@@ -503,7 +404,7 @@ class BenchmarkConfig(_Section):
     def _positive_unique(cls, v: Optional[list[int]]) -> Optional[list[int]]:
         if v is None:
             return v
-        if not v or any(c < 1 for c in v) or len(set(v)) != len(v):
+        if not v or len(set(v)) != len(v):
             raise ValueError("must be a non-empty list of distinct integers >= 1")
         return v
 
@@ -516,16 +417,16 @@ class AccuracyConfig(_Section):
     # An image with lm-eval (requirements-accuracy.txt) and the tasks' datasets in its
     # HF cache (the Job runs offline), by digest. The shipped value is an all-zero
     # placeholder: renders work, `pulumi up` refuses it (docs/accuracy.md).
-    image: str = ACCURACY_IMAGE
+    image: DigestImage = ACCURACY_IMAGE
     tasks: list[str] = Field(default_factory=lambda: ["k3_smoke_gsm8k", "k3_smoke_arc"],
-                             min_length=1)
-    limit: int = Field(default=100, ge=1, le=10000)      # items per task: the first N
-    max_tokens: int = Field(default=1024, ge=16, le=32768, alias="maxTokens")
-    seed: int = Field(default=0, ge=0)
-    concurrency: int = Field(default=8, ge=1, le=256)
-    timeout_minutes: int = Field(default=60, ge=5, le=1440, alias="timeoutMinutes")
-    results_size_gi: int = Field(default=1, ge=1, alias="resultsSizeGi")
-    results_storage_class: Optional[str] = Field(default=None, alias="resultsStorageClass")
+                             min_length=1, max_length=64)
+    limit: integer(1, 10000) = 100      # items per task: the first N
+    max_tokens: integer(16, 32768) = Field(default=1024, alias="maxTokens")
+    seed: Seed = 0
+    concurrency: integer(1, 256) = 8
+    timeout_minutes: integer(5, 1440) = Field(default=60, alias="timeoutMinutes")
+    results_size_gi: Gi = Field(default=1, alias="resultsSizeGi")
+    results_storage_class: Optional[DnsSubdomain] = Field(default=None, alias="resultsStorageClass")
     resources: AccuracyResources = Field(default_factory=AccuracyResources)
 
     @field_validator("tasks")
@@ -540,13 +441,6 @@ class AccuracyConfig(_Section):
             raise ValueError(f"must be distinct task names from {shipped}")
         return v
 
-    @field_validator("image")
-    @classmethod
-    def _digest(cls, v: str) -> str:
-        if not DIGEST_IMAGE_RE.match(v):
-            raise ValueError("must be pinned by digest: <repository>@sha256:<64 hex>")
-        return v
-
 
 class MonitoringConfig(_Section):
     """Prometheus Operator objects and the Grafana dashboard (k3:monitoring).
@@ -558,37 +452,25 @@ class MonitoringConfig(_Section):
     prometheus_rule: bool = Field(default=False, alias="prometheusRule")
     dashboard: bool = False
     # The p99 latency alert fires above the receipt's p99 x (1 + margin / 100).
-    p99_margin_pct: float = Field(default=10.0, ge=0, alias="p99MarginPct")
+    p99_margin_pct: Percent = Field(default=10.0, alias="p99MarginPct")
     # Extra labels on the ServiceMonitor and PrometheusRule, for the Prometheus's
     # selectors (kube-prometheus-stack selects `release: <helm release>` by default).
-    labels: dict[str, str] = Field(default_factory=dict)
-    scrape_interval: str = Field(default="30s", pattern=r"^[1-9][0-9]*(s|m)$",
-                                 alias="scrapeInterval")
+    labels: Labels = Field(default_factory=dict)
+    scrape_interval: ScrapeInterval = Field(default="30s", alias="scrapeInterval")
     # KV-cache usage (0..1] above which the "nearly full" alert fires.
-    kv_cache_usage_threshold: float = Field(default=0.9, gt=0, le=1,
-                                            alias="kvCacheUsageThreshold")
+    kv_cache_usage_threshold: number(gt=0, le=1) = Field(default=0.9, alias="kvCacheUsageThreshold")
     # Waiting requests above which a still-growing queue alerts.
-    waiting_requests_threshold: int = Field(default=0, ge=0, alias="waitingRequestsThreshold")
+    waiting_requests_threshold: Count = Field(default=0, alias="waitingRequestsThreshold")
     # Where the dashboard ConfigMap goes (Grafana's sidecar watches its own namespace
     # unless told otherwise); unset: the stack's namespace.
-    dashboard_namespace: Optional[str] = Field(default=None, alias="dashboardNamespace")
+    dashboard_namespace: Optional[DnsLabel] = Field(default=None, alias="dashboardNamespace")
     # What one serving node costs per hour: adds a USD-per-million-generated-tokens
     # panel to the dashboard. Unset: no panel (no invented number).
-    node_rate_usd_per_hour: Optional[float] = Field(default=None, gt=0,
-                                                    alias="nodeRateUsdPerHour")
+    node_rate_usd_per_hour: Optional[number(0.01, 100_000)] = Field(default=None,
+                                                                   alias="nodeRateUsdPerHour")
     # dcgm-exporter series scraped without honorLabels carry the GPU's pod as
     # exported_pod / exported_namespace; set true for such a scrape.
     dcgm_exported_labels: bool = Field(default=False, alias="dcgmExportedLabels")
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return _check_labels(v)
-
-    @field_validator("dashboard_namespace")
-    @classmethod
-    def _dashboard_ns(cls, v: Optional[str]) -> Optional[str]:
-        return v if v is None else _check_dns_labels([v])[0]
 
 
 class NetworkConfig(_Section):
@@ -599,62 +481,27 @@ class NetworkConfig(_Section):
     whose init container fetches missing files)."""
 
     # Every pod in these namespaces may call the API (an ingress controller, a gateway).
-    allow_from_namespaces: list[str] = Field(default_factory=list, alias="allowFromNamespaces")
+    allow_from_namespaces: list[DnsLabel] = Field(default_factory=list, alias="allowFromNamespaces")
     # Pods with all of these labels in the stack's namespace may call the API.
-    allow_from_pod_labels: dict[str, str] = Field(default_factory=dict, alias="allowFromPodLabels")
+    allow_from_pod_labels: Labels = Field(default_factory=dict, alias="allowFromPodLabels")
     # The metrics scraper's namespace (null: no scraper access).
-    scraper_namespace: Optional[str] = Field(default="monitoring", alias="scraperNamespace")
+    scraper_namespace: Optional[DnsLabel] = Field(default="monitoring", alias="scraperNamespace")
     # Narrow the scraper to pods with these labels (empty: the whole namespace).
-    scraper_pod_labels: dict[str, str] = Field(default_factory=dict, alias="scraperPodLabels")
+    scraper_pod_labels: Labels = Field(default_factory=dict, alias="scraperPodLabels")
     # Cluster DNS: its namespace, and extra CIDRs (NodeLocal DNSCache: 169.254.20.10/32).
-    dns_namespace: str = Field(default="kube-system", alias="dnsNamespace")
-    dns_cidrs: list[str] = Field(default_factory=list, alias="dnsCidrs")
+    dns_namespace: DnsLabel = Field(default="kube-system", alias="dnsNamespace")
+    dns_cidrs: list[Cidr] = Field(default_factory=list, alias="dnsCidrs")
     # Where the Hub (or your HF_ENDPOINT mirror) is reachable: its CDN has no fixed
     # addresses, so the default is any address on the HTTPS port.
-    hub_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1,
-                                 alias="hubCidrs")
-    hub_ports: list[int] = Field(default_factory=lambda: [443], min_length=1, alias="hubPorts")
+    hub_cidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1,
+                                  alias="hubCidrs")
+    hub_ports: list[Port] = Field(default_factory=lambda: [443], min_length=1, alias="hubPorts")
     # Addresses inside the cluster and its network (pods, services, nodes, the VPC): cut
     # out of every internet egress rule (Hub, engine build). The default is every
     # private range; list yours if the cluster uses public addresses inside.
-    cluster_cidrs: list[str] = Field(
+    cluster_cidrs: list[Cidr] = Field(
         default_factory=lambda: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                  "100.64.0.0/10", "fc00::/7"], alias="clusterCidrs")
-
-    @field_validator("allow_from_namespaces")
-    @classmethod
-    def _namespaces(cls, v: list[str]) -> list[str]:
-        return _check_dns_labels(v)
-
-    @field_validator("scraper_namespace", "dns_namespace")
-    @classmethod
-    def _namespace(cls, v: Optional[str]) -> Optional[str]:
-        return v if v is None else _check_dns_labels([v])[0]
-
-    @field_validator("allow_from_pod_labels", "scraper_pod_labels")
-    @classmethod
-    def _pod_labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return _check_labels(v)
-
-    @field_validator("dns_cidrs", "hub_cidrs", "cluster_cidrs")
-    @classmethod
-    def _cidrs(cls, v: list[str]) -> list[str]:
-        import ipaddress
-
-        for cidr in v:
-            try:
-                ipaddress.ip_network(cidr, strict=True)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
-        return v
-
-    @field_validator("hub_ports")
-    @classmethod
-    def _ports(cls, v: list[int]) -> list[int]:
-        for port in v:
-            if not 1 <= port <= 65535:
-                raise ValueError(f"{port} is not a TCP port (1-65535)")
-        return v
 
 
 # The maintained endpoint picker (llm-d-router, where the Gateway API Inference Extension's
@@ -670,70 +517,32 @@ class GatewayConfig(_Section):
 
     enabled: bool = False
     # The GatewayClass of an installed implementation (Envoy Gateway's quickstart: eg).
-    class_name: Optional[str] = Field(default=None, alias="className")
+    class_name: Optional[DnsSubdomain] = Field(default=None, alias="className")
     # Which implementation the class belongs to: decides the key policy k3infra renders
     # and where its proxy pods run (the NetworkPolicy's peers).
     implementation: Literal["envoy-gateway", "kgateway", "istio", "gke"] = "envoy-gateway"
     # The Gateway's listener: HTTP on this port, or HTTPS with tlsSecret (a
     # kubernetes.io/tls Secret in the stack's namespace).
-    port: int = Field(default=80, ge=1, le=65535)
-    tls_secret: Optional[str] = Field(default=None, alias="tlsSecret")
+    port: Port = 80
+    tls_secret: Optional[DnsLabel] = Field(default=None, alias="tlsSecret")
     # Where the implementation runs the Gateway's proxy pods and their labels (unset:
     # the implementation's default, docs/gateway.md); gke: the proxy-only subnet's CIDRs.
-    proxy_namespace: Optional[str] = Field(default=None, alias="proxyNamespace")
-    proxy_pod_labels: Optional[dict[str, str]] = Field(default=None, alias="proxyPodLabels")
-    proxy_cidrs: list[str] = Field(default_factory=list, alias="proxyCidrs")
-    epp_image: str = Field(default=EPP_IMAGE, alias="eppImage")
+    proxy_namespace: Optional[DnsLabel] = Field(default=None, alias="proxyNamespace")
+    proxy_pod_labels: Optional[Labels] = Field(default=None, alias="proxyPodLabels")
+    proxy_cidrs: list[Cidr] = Field(default_factory=list, alias="proxyCidrs")
+    epp_image: DigestImage = Field(default=EPP_IMAGE, alias="eppImage")
     # The endpoint picker watches the InferencePool and the pods: the API server's
     # endpoint addresses are its only egress beside DNS and the pods' metrics port.
-    api_server_cidrs: list[str] = Field(default_factory=list, alias="apiServerCidrs")
+    api_server_cidrs: list[Cidr] = Field(default_factory=list, alias="apiServerCidrs")
     # What the gateway does when the picker does not answer: FailOpen routes to any
     # ready pod of the pool (still behind both key checks), FailClose answers 5xx.
     failure_mode: Literal["FailOpen", "FailClose"] = Field(default="FailOpen", alias="failureMode")
-
-    @field_validator("epp_image")
-    @classmethod
-    def _epp_pinned(cls, v: str) -> str:
-        if not DIGEST_IMAGE_RE.match(v):
-            raise ValueError("must be pinned by digest: <repository>[:<tag>]@sha256:<64 hex>")
-        return v
-
-    @field_validator("class_name")
-    @classmethod
-    def _class_name(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and (not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", v) or len(v) > 253):
-            raise ValueError("must be a GatewayClass name (a DNS subdomain)")
-        return v
-
-    @field_validator("tls_secret")
-    @classmethod
-    def _tls_secret(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
-            raise ValueError("must be the name of a kubernetes.io/tls Secret in the stack's namespace")
-        return v
-
-    @field_validator("proxy_namespace")
-    @classmethod
-    def _proxy_namespace(cls, v: Optional[str]) -> Optional[str]:
-        return v if v is None else _check_dns_labels([v])[0]
 
     @field_validator("proxy_pod_labels")
     @classmethod
     def _proxy_labels(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
         if v is not None and not v:
             raise ValueError("must name at least one label (unset: the implementation's default)")
-        return v if v is None else _check_labels(v)
-
-    @field_validator("proxy_cidrs", "api_server_cidrs")
-    @classmethod
-    def _gateway_cidrs(cls, v: list[str]) -> list[str]:
-        import ipaddress
-
-        for cidr in v:
-            try:
-                ipaddress.ip_network(cidr, strict=True)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not a CIDR (address/prefix with no host bits)")
         return v
 
 
@@ -745,24 +554,17 @@ class AutoscalingConfig(_Section):
     enabled: bool = False
     # At least 2: the PodDisruptionBudget lets a drain take one replica, and one must
     # keep serving (checked in parse.py).
-    min: int = Field(default=2, ge=1)
+    min: Replicas = 2
     # Required when enabled: the most 8-GPU nodes the autoscaler may run.
-    max: Optional[int] = Field(default=None, ge=1)
+    max: Optional[Replicas] = None
     # The Prometheus that scrapes the serving pods (KEDA's prometheus trigger queries it).
-    prometheus_url: Optional[str] = Field(default=None, alias="prometheusUrl")
+    prometheus_url: Optional[HttpUrl] = Field(default=None, alias="prometheusUrl")
     # Target waiting requests per replica: desired = ceil(sum(waiting) / this).
-    waiting_per_replica: int = Field(default=4, ge=1, alias="waitingPerReplica")
-    polling_interval_seconds: int = Field(default=30, ge=5, le=600, alias="pollingIntervalSeconds")
+    waiting_per_replica: integer(1, 100_000) = Field(default=4, alias="waitingPerReplica")
+    polling_interval_seconds: integer(5, 600) = Field(default=30, alias="pollingIntervalSeconds")
     # Unset: derived from the startup budget (capped at the HPA's 3600 s maximum).
-    scale_down_stabilization_seconds: Optional[int] = Field(
-        default=None, ge=0, le=3600, alias="scaleDownStabilizationSeconds")
-
-    @field_validator("prometheus_url")
-    @classmethod
-    def _url(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^https?://[^\s/]+(/\S*)?$", v):
-            raise ValueError("must be an http(s):// URL of the Prometheus KEDA queries")
-        return v
+    scale_down_stabilization_seconds: Optional[integer(0, 3600)] = Field(
+        default=None, alias="scaleDownStabilizationSeconds")
 
 
 class HostConfig(_Section):
@@ -770,12 +572,12 @@ class HostConfig(_Section):
     Pulumi's own `docker:host` setting (ssh://user@host or the local socket)."""
 
     # Weights tree and lock on the host's local NVMe (bind-mounted at /weights).
-    weights_root: str = Field(default="/mnt/k3-weights", alias="weightsRoot")
+    weights_root: AbsPath = Field(default="/mnt/k3-weights", alias="weightsRoot")
     # Free space on weightsRoot's filesystem in decimal GB (`df -B1000000000`), checked
     # against the lock before anything is pulled; unset = checked only by the prefetch.
-    free_gb: Optional[float] = Field(default=None, gt=0, alias="freeGB")
+    free_gb: Optional[GB] = Field(default=None, alias="freeGB")
     # Where the API port is published. 0.0.0.0 / :: only with publishAllInterfaces.
-    publish_address: str = Field(default="127.0.0.1", alias="publishAddress")
+    publish_address: IpAddress = Field(default="127.0.0.1", alias="publishAddress")
     publish_all_interfaces: bool = Field(default=False, alias="publishAllInterfaces")
     # bridge (ports published as above) or host (the proxy listens on every interface:
     # an explicit publishAllInterfaces choice too).
@@ -788,17 +590,6 @@ class HostConfig(_Section):
         if not v.startswith("/") or ".." in v.split("/") or v.rstrip("/") == "":
             raise ValueError("must be an absolute path below / without '..'")
         return v.rstrip("/")
-
-    @field_validator("publish_address")
-    @classmethod
-    def _ip(cls, v: str) -> str:
-        import ipaddress
-
-        try:
-            ipaddress.ip_address(v)
-        except ValueError:
-            raise ValueError("must be an IP address of the host (default 127.0.0.1)") from None
-        return v
 
     @model_validator(mode="after")
     def _all_interfaces_chosen(self) -> "HostConfig":
@@ -817,22 +608,22 @@ class MultiNodeConfig(_Section):
     k3:topology = multi-node; docs/multinode.md). Not the measured configuration. The
     accepted values are checked in k3infra/topology.py, which says why they are the only ones."""
 
-    nodes_per_replica: int = Field(default=2, ge=1, alias="nodesPerReplica")
-    gpus_per_node: int = Field(default=4, ge=1, alias="gpusPerNode")
+    nodes_per_replica: integer(1, 64) = Field(default=2, alias="nodesPerReplica")
+    gpus_per_node: integer(1, 64) = Field(default=4, alias="gpusPerNode")
     # The node label that names a node's NVLink domain; GPU feature discovery sets
     # nvidia.com/gpu.clique (<cluster UUID>.<clique id>) on multi-node NVLink trays.
-    domain_label: str = Field(default="nvidia.com/gpu.clique", alias="domainLabel")
+    domain_label: DomainLabel = Field(default="nvidia.com/gpu.clique", alias="domainLabel")
 
 
 class StackConfig(_Section):
     """All `k3:*` keys. Field aliases are the config key names."""
 
-    weights_revision: str = Field(alias="weightsRevision")
+    weights_revision: Commit = Field(alias="weightsRevision")
     # None: the receipt's GPU (filled in by parse_stack_config from the receipt given).
-    gpu_product: Optional[str] = Field(default=None, alias="gpuProduct")
-    gpu_memory_gib: Optional[float] = Field(default=None, gt=0, alias="gpuMemoryGib")
-    engine_image: Optional[str] = Field(default=None, alias="engineImage")
-    replicas: int = Field(default=1, ge=1)
+    gpu_product: Optional[LabelValue] = Field(default=None, alias="gpuProduct")
+    gpu_memory_gib: Optional[number(gt=0, le=16384)] = Field(default=None, alias="gpuMemoryGib")
+    engine_image: Optional[DigestImage] = Field(default=None, alias="engineImage")
+    replicas: Replicas = 1
     # single-node: one replica = one 8-GPU node (the receipt). multi-node: one replica
     # across k3:multiNode's nodes of one NVLink domain (not measured).
     topology: Literal["single-node", "multi-node"] = "single-node"
@@ -843,8 +634,8 @@ class StackConfig(_Section):
     accept_model_license: bool = Field(default=False, alias="acceptModelLicense")
     # None: the component's instance name (k3infra.naming), so two instances never
     # share a namespace by default.
-    namespace: Optional[str] = None
-    served_model_name: str = Field(default="kimi-k3", alias="servedModelName")
+    namespace: Optional[DnsLabel] = None
+    served_model_name: ServedModelName = Field(default="kimi-k3", alias="servedModelName")
     surface: SurfaceConfig = Field(default_factory=SurfaceConfig)
     custom: CustomConfig = Field(default_factory=CustomConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
@@ -859,28 +650,6 @@ class StackConfig(_Section):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
     host: Optional[HostConfig] = None
-
-    @field_validator("weights_revision")
-    @classmethod
-    def _pinned_revision(cls, v: str) -> str:
-        if not COMMIT_RE.match(v):
-            raise ValueError("must be a 40-hex Hub commit (lowercase); a branch or tag "
-                             "such as 'main' is never accepted: the receipt pins bytes")
-        return v
-
-    @field_validator("engine_image")
-    @classmethod
-    def _digest_pinned(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not DIGEST_IMAGE_RE.match(v):
-            raise ValueError("must be pinned by digest: <repository>@sha256:<64 hex>")
-        return v
-
-    @field_validator("namespace")
-    @classmethod
-    def _dns_label(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and (not DNS_LABEL_RE.match(v) or len(v) > 63):
-            raise ValueError("must be a DNS label (lowercase letters, digits, '-')")
-        return v
 
     @field_validator("api_key", "hf_token", mode="before")
     @classmethod
@@ -897,7 +666,6 @@ class StackConfig(_Section):
         # The serving proxy matches `Authorization: Bearer <key>` exactly (an Output is
         # checked when it resolves, by k3infra.serving.proxy.keys_map).
         key = v.reveal() if isinstance(v, Secret) else v
-        if isinstance(key, str) and key != SECRET_PLACEHOLDER and not API_KEY_RE.match(key):
-            raise ValueError("must be an RFC 6750 bearer token: letters, digits and -._~+/ "
-                             "with optional trailing '=' (openssl rand -hex 32 makes one)")
+        if isinstance(key, str) and key != SECRET_PLACEHOLDER and not API_KEY.matches(key):
+            raise ValueError(API_KEY.accepted)
         return v

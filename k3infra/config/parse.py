@@ -10,7 +10,32 @@ from pydantic import ValidationError
 from k3infra.config.base import (CONFIG_NAMESPACE, SECRET_PLACEHOLDER, SECRET_KEYS,
                                  ConfigError, Secret)
 from k3infra.config.models import StackConfig
+from k3infra.fieldtypes import string_problem
 from k3infra.receipt import Receipt
+
+# Past these a value is not a configuration: refused before pydantic sees it (a JSON
+# `--config` or stack file value can nest or repeat without bound).
+MAX_DEPTH = 16
+MAX_ITEMS = 1024
+# k3:nodePool.nodeCount's ceiling: node-local copies are one per node.
+NODE_LOCAL_MAX_REPLICAS = 64
+
+
+
+
+def _misspelt_namespace(ns: str) -> bool:
+    """`K3`, `k3s`, `k3infra`, `k4`: a misspelling of `k3`, not another provider's
+    namespace (kubernetes:, aws:, pulumi: keys of a stack file are theirs and pass)."""
+    n = ns.lower()
+    if n.startswith(CONFIG_NAMESPACE) or n.endswith(CONFIG_NAMESPACE):
+        return True
+    a, b = n, CONFIG_NAMESPACE      # one edit away (substitution, insertion, deletion)
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) <= 1
+    short, long_ = sorted((a, b), key=len)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
 
 
 def _error_key(loc: tuple) -> str:
@@ -43,7 +68,42 @@ def decode_value(key: str, value: Any) -> Any:
             return json.loads(value)
         except json.JSONDecodeError as exc:
             raise ConfigError(key, value, f"is not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ConfigError(key, value[:80] + "...", "is not valid JSON (nested too deep)") from None
     return value
+
+
+def check_values(key: str, value: Any, depth: int = 0) -> None:
+    """Refuse, naming the key path, what no key accepts: a string with a control
+    character or past MAX_STRING (a secret's value is checked, never printed), nesting past
+    MAX_DEPTH, a list or object past MAX_ITEMS, a non-string object key, a value that is
+    not JSON data (YAML's binary or timestamps)."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(key, "...", f"nests deeper than {MAX_DEPTH} levels")
+    if isinstance(value, Secret):
+        inner = value.reveal()
+        problem = string_problem(inner) if isinstance(inner, str) else None
+        if problem:
+            raise ConfigError(key, value, problem)
+        return
+    if isinstance(value, str):
+        problem = string_problem(value)
+        if problem:
+            raise ConfigError(key, value if len(value) <= 200 else value[:200] + "...", problem)
+    elif isinstance(value, (dict, list)):
+        if len(value) > MAX_ITEMS:
+            raise ConfigError(key, f"<{len(value)} items>", f"holds more than {MAX_ITEMS} items")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for sub, item in items:
+            if isinstance(value, dict):
+                if not isinstance(sub, str):
+                    raise ConfigError(key, sub, "object keys must be strings")
+                check_values(key, sub, depth + 1)
+            check_values(f"{key}.{sub}" if isinstance(value, dict) else f"{key}[{sub}]", item,
+                         depth + 1)
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise ConfigError(key, f"<{type(value).__name__}>",
+                          "must be a string, number, boolean, list or object")
 
 
 def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *,
@@ -56,13 +116,20 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *
     """
     data: dict[str, Any] = {}
     for full_key, value in raw.items():
+        if not isinstance(full_key, str):
+            raise ConfigError(str(full_key), value, "config keys are strings (k3:name)")
         ns, _, key = full_key.rpartition(":")
         if ns and ns != CONFIG_NAMESPACE:
+            if _misspelt_namespace(ns):
+                raise ConfigError(full_key, value, f"the namespace {ns!r} is not {CONFIG_NAMESPACE!r}:"
+                                  f" did you mean {CONFIG_NAMESPACE}:{key}? (keys of other "
+                                  "namespaces are ignored, so this one would have been)")
             continue
         if key in SECRET_KEYS or full_key in secret_keys or key in secret_keys:
             value = Secret(value) if value not in (None, "") else value
         else:
             value = decode_value(f"{CONFIG_NAMESPACE}:{key}", value)
+        check_values(f"{CONFIG_NAMESPACE}:{key}", value)
         data[key] = value
     known = {f.alias or n for n, f in StackConfig.model_fields.items()}
     for key in data:
@@ -124,6 +191,11 @@ def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
     check_topology(cfg, receipt)
     _check_gateway(cfg)
     _check_autoscaling(cfg)
+    if cfg.weights.mode == "node-local" and cfg.replicas > NODE_LOCAL_MAX_REPLICAS:
+        raise ConfigError("k3:replicas", cfg.replicas,
+                          f"must be at most {NODE_LOCAL_MAX_REPLICAS} with k3:weights.mode = "
+                          "node-local: each replica's node holds its own copy, filled through "
+                          "the fan-out, and a node pool holds at most that many nodes")
     if cfg.serving.update_partition > cfg.replicas:
         raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
                           f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")

@@ -3,12 +3,14 @@ platform) is fixed by each adapter in k3infra/nodepool/: a "B300 node pool" cann
 pointed at other hardware by config."""
 from __future__ import annotations
 
-import re
 from typing import Any, Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from k3infra.config.base import (_Section)
+from k3infra.fieldtypes import GB, pattern
+
+SecurityGroupId, _ = pattern(r"sg-[0-9a-f]{8,17}", "must be a security group id (sg-<8-17 hex>)")
 
 
 _AWS_AZ = r"^[a-z]{2}(-[a-z0-9]+)+-\d+[a-z]$"
@@ -42,20 +44,13 @@ class AwsPoolConfig(_Section):
     subnets: list[AwsSubnet] = Field(min_length=1)
     # Put on every network interface of the launch template (EFA needs a group that
     # allows all traffic to and from itself); usually the cluster security group.
-    security_group_ids: list[str] = Field(min_length=1, alias="securityGroupIds")
+    security_group_ids: list[SecurityGroupId] = Field(min_length=1, max_length=16,
+                                                      alias="securityGroupIds")
     capacity_block: Optional[AwsCapacityBlock] = Field(default=None, alias="capacityBlock")
     # EFA-only interfaces on network cards 1..N (card 0 keeps the ENA primary interface).
     # One K3 replica is one node, so serving does not need EFA; 0 leaves it out.
     efa_interfaces: int = Field(default=16, ge=0, le=31, alias="efaInterfaces")
     root_volume_gib: int = Field(default=200, ge=50, le=16384, alias="rootVolumeGiB")
-
-    @field_validator("security_group_ids")
-    @classmethod
-    def _sg_ids(cls, v: list[str]) -> list[str]:
-        for sg in v:
-            if not re.match(r"^sg-[0-9a-f]{8,17}$", sg):
-                raise ValueError(f"{sg!r} is not a security group id (sg-<hex>)")
-        return v
 
     @model_validator(mode="after")
     def _role_for_mode(self) -> "AwsPoolConfig":
@@ -132,7 +127,7 @@ class NodePoolConfig(_Section):
     node_count: Optional[int] = Field(default=None, ge=1, le=64, alias="nodeCount")
     # Local NVMe per node in decimal GB, for the node-local weights check. Known for
     # the AWS SKU; other clouds must state it to use k3:weights.mode = node-local.
-    local_nvme_gb: Optional[float] = Field(default=None, gt=0, alias="localNvmeGB")
+    local_nvme_gb: Optional[GB] = Field(default=None, alias="localNvmeGB")
     # Head-room on top of the weights in node-local mode (engine image, compile cache).
     local_nvme_margin_pct: float = Field(default=10.0, ge=0, le=400, alias="localNvmeMarginPct")
     # auto: install the NVIDIA GPU Operator on aws/oci/nebius, never on coreweave (CKS

@@ -7,15 +7,17 @@ stack serves must be the one this build pushed.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from k3infra.engine.plan import EnginePlan
+from k3infra.fieldtypes import COMMIT, SHA256_DIGEST, SHA256_HEX
 
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+# The config's own types (k3infra.fieldtypes), anchored \A..\Z: the result ConfigMap is
+# written by the build pod, and a value with a trailing newline is not a digest.
+DIGEST = SHA256_DIGEST.anchored
+SHA256 = SHA256_HEX.anchored
+FULL_SHA = COMMIT.anchored
 
 
 class EngineBuildError(RuntimeError):

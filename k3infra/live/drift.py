@@ -13,17 +13,17 @@ Three areas, one row per check:
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from k3infra.fieldtypes import DIGEST_IMAGE as DIGEST_IMAGE_TYPE
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv  # noqa: F401
 
 if TYPE_CHECKING:                     # a type only: drift compares, bench computes
     from k3infra.bench.compare import Comparison
 
-DIGEST_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+DIGEST_IMAGE = DIGEST_IMAGE_TYPE.anchored      # the config's own check (k3infra.fieldtypes)
 MARKER_FORMAT_PREFIX = "k3-verified/"
 
 

@@ -22,7 +22,7 @@ from k3infra.nodepool.base import PoolSpec
 
 PIN_FILE = "addons.yaml"
 GPU_OPERATOR_MIN = (25, 10, 0)       # first GPU Operator release with HGX B300 support
-_EXACT = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
+_EXACT = re.compile(r"\Av?(\d+)\.(\d+)\.(\d+)\Z")
 
 
 class AddonError(ValueError):

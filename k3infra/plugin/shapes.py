@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass
-from typing import (Any, Literal, NotRequired, Required, TypedDict, Union, get_args,
+from typing import (Annotated, Any, Literal, NotRequired, Required, TypedDict, Union, get_args,
                     get_origin)
 
 import pulumi
@@ -50,6 +50,8 @@ def _is_input(key: str) -> bool:
 
 
 def _typed(ann: Any, key: str, shapes: dict[str, Shape]) -> Any:
+    if get_origin(ann) is Annotated:    # a checked type (k3infra.fieldtypes): its base type
+        return _typed(get_args(ann)[0], key, shapes)
     origin = get_origin(ann)
     if origin in (Union, types.UnionType):
         members = [a for a in get_args(ann) if a is not type(None)]
@@ -65,6 +67,8 @@ def _typed(ann: Any, key: str, shapes: dict[str, Shape]) -> Any:
         return list[pulumi.Input[item] if _is_input(key + "[]") else item]
     if origin is dict:
         key_type, value = get_args(ann)
+        if get_origin(key_type) is Annotated:
+            key_type = get_args(key_type)[0]
         if key_type is not str:
             raise TypeError(f"k3:{key}: map keys must be strings")
         return dict[str, _typed(value, key + ".*", shapes)]

@@ -69,11 +69,34 @@ network_policy = StackValidationPolicy(
 )
 
 
+def _budget_problem(pdb: PolicyResource) -> str | None:
+    """Why a budget lets a drain take every serving pod at once (None when it does not):
+    the builder's is maxUnavailable 1; a percentage of 100, or minAvailable 0, is none."""
+    spec = get(pdb.props, "spec") or {}
+    name = get(pdb.props, "metadata", "name")
+    most, least = get(spec, "maxUnavailable"), get(spec, "minAvailable")
+    def percent(v):
+        return int(v[:-1]) if isinstance(v, str) and v.endswith("%") and v[:-1].isdigit() else None
+    if most is not None and (percent(most) is not None and percent(most) >= 100
+                             or isinstance(most, int) and most > 1):
+        return f"PodDisruptionBudget {name} allows maxUnavailable {most!r}; one replica at a time"
+    if least is not None and (least == 0 or percent(least) == 0):
+        return f"PodDisruptionBudget {name} keeps minAvailable {least!r}: no replica is protected"
+    if most is None and least is None:
+        return f"PodDisruptionBudget {name} sets neither maxUnavailable nor minAvailable"
+    return None
+
+
 def _disruption_budget(args: StackValidationArgs, report: ReportViolation) -> None:
     for res, wl in _serving(args):
-        if not _pdbs(args, wl):
+        found = _pdbs(args, wl)
+        if not found:
             report(f"{wl.kind} {wl.name}: no PodDisruptionBudget in namespace {wl.namespace} "
                    "selects its pods", res.urn)
+        for pdb in found:
+            problem = _budget_problem(pdb)
+            if problem:
+                report(f"{wl.kind} {wl.name}: {problem}", res.urn)
 
 
 disruption_budget = StackValidationPolicy(
@@ -81,7 +104,8 @@ disruption_budget = StackValidationPolicy(
     description=("A PodDisruptionBudget covers the serving pods: each is a whole "
                  f"{_receipt().measured_gpu.gpus_per_node}-GPU node that takes the "
                  f"{_receipt().model.size_gb:g} GB weights load and graph capture to come back, so a "
-                 "node drain must not take several replicas at once."),
+                 "node drain must not take several replicas at once (maxUnavailable 1; no "
+                 "100 % or minAvailable 0)."),
     validate=_disruption_budget,
     enforcement_level=EnforcementLevel.MANDATORY,
 )

@@ -6,11 +6,13 @@ import re
 from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidationArgs,
                            ResourceValidationPolicy)
 
+from k3infra.fieldtypes import HEX64
 from k3infra.policies.workloads import get, workloads
 from k3infra.receipt import load_receipt
 
 _receipt = load_receipt      # the chosen receipt, read when a policy runs
-DIGEST_REF = re.compile(r"^(?P<name>[^@\s]+)@sha256:[0-9a-f]{64}$")
+# Any repository (a policy judges foreign images too), matched whole: \A..\Z, not `$`.
+DIGEST_REF = re.compile(r"\A(?P<name>[^@\s]+)@sha256:" + HEX64 + r"\Z")
 
 
 def image_problem(image: object) -> str | None:

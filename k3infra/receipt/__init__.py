@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
@@ -21,9 +20,11 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from k3infra.fieldtypes import SHA256_DIGEST, Sha256Hex
+
 RECEIPT_FILE = "kimi-k3-8xb300-2026-07-29.yaml"
 RECEIPT_ENV = "K3INFRA_RECEIPT"
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_DIGEST = SHA256_DIGEST.anchored
 
 
 class _Strict(BaseModel):
@@ -172,7 +173,7 @@ class Evidence(_Strict):
     """A raw result file behind the measured figures, by hash (`k3infra bench receipt`)."""
 
     file: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: Sha256Hex
     concurrency: Optional[int] = Field(default=None, gt=0)
     role: Literal["warmup", "measured"] = "measured"
 
@@ -186,7 +187,7 @@ class AccuracyScore(_Strict):
 
 class AccuracyFile(_Strict):
     file: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: Sha256Hex
 
 
 class AccuracyBaseline(_Strict):

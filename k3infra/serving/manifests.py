@@ -216,12 +216,23 @@ def await_annotations(cfg: StackConfig) -> dict[str, str]:
     return {WAIT_FOR_ANNOTATION: json.dumps([f"jsonpath={{$[?{test}]}}"])}
 
 
-def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
+def engine_command() -> list[str]:
+    """The vLLM container's command, for every config: the start script (phase markers,
+    keyed compile cache), the weights gate, then `exec vllm serve` with the args. The
+    policy pack compares the rendered command with this, byte for byte."""
+    return [*start.command(GATE_CHECK), "vllm", "serve"]
+
+
+def engine_probe_exec(port: int, timeout: int = 5) -> dict:
     """vLLM's /health from inside its own container: it listens on loopback only, and
     its liveness must not depend on the proxy (a proxy hiccup must not reload 1.5 TB)."""
     url = f"http://{ENGINE_HOST}:{port}/health"
-    return {"exec": {"command": ["python3", "-c",
-                                 f"import urllib.request; urllib.request.urlopen({url!r}, timeout={timeout})"]},
+    return {"command": ["python3", "-c",
+                        f"import urllib.request; urllib.request.urlopen({url!r}, timeout={timeout})"]}
+
+
+def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
+    return {"exec": engine_probe_exec(port, timeout),
             "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
@@ -241,7 +252,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "imagePullPolicy": "IfNotPresent",
         # The start script (phase markers, keyed compile cache), then the weights gate,
         # on every start of this container (restarts too), then `exec vllm serve`.
-        "command": [*start.command(GATE_CHECK), "vllm", "serve"],
+        "command": engine_command(),
         "args": [*serve_args(receipt, cfg, weights.model_dir), *extra_args],
         "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env,
                 *start.env(image)],

@@ -45,15 +45,15 @@ def load_pinned_lock(path: str, *, expect_digest: str, repo: str, revision: str)
     """The lock at `path`, read once, that describes the pinned tree; GateRefused otherwise.
     Everything after this uses the returned object, never the file again."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = tree.read_regular(path, tree.LOCK_MAX_BYTES)
+    except FileNotFoundError:
+        raise GateRefused(f"no lock at {path}: the weights prefetch has not completed") from None
     except OSError as exc:
-        raise GateRefused(f"no readable lock at {path} ({exc.strerror or exc}): the weights "
-                          "prefetch has not completed") from None
+        raise GateRefused(f"no readable lock at {path} ({exc.strerror or exc})") from None
     try:
-        lock = tree.parse_lock(json.loads(raw.decode("utf-8")))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise GateRefused(f"lock {path} is malformed: {exc}") from None
+        lock = tree.parse_lock_bytes(raw, path)
+    except ValueError as exc:
+        raise GateRefused(f"malformed {exc}") from None
     if lock.tree_digest != expect_digest:
         raise GateRefused(f"not the pinned tree: lock {path} describes {lock.tree_digest}, the "
                           f"stack pins {expect_digest} (not the measured tree unless the "
@@ -87,10 +87,9 @@ def check_state_dir(state_dir: str, root: str) -> None:
 def load_record(state_dir: str, lock: Lock, root: str) -> dict:
     """path -> stamp + sha256 from this pod's own record, {} when absent or for another
     tree or root."""
-    try:
-        with open(_record_path(state_dir), "rb") as fh:
-            data = json.loads(fh.read())
-    except (OSError, ValueError):
+    try:    # the record is this pod's own, but bounded and non-blocking all the same
+        data = json.loads(tree.read_regular(_record_path(state_dir), tree.LOCK_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT \
             or data.get("tree_digest") != lock.tree_digest or data.get("root") != os.path.realpath(root):

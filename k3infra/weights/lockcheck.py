@@ -12,7 +12,8 @@ from typing import Optional, Union
 
 from k3infra.config import ConfigError, StackConfig
 from k3infra.receipt import Receipt
-from k3infra.weights.tree import Lock, LockError, load_lock
+from k3infra.weights.tree import (LOCK_MAX_BYTES, Lock, LockError, describe_oserror,
+                                   parse_lock_bytes, read_regular)
 
 NOT_MEASURED = "not the measured tree"
 KEY = "k3:weights.lockFile"
@@ -59,9 +60,14 @@ def load_stack_lock(receipt: Receipt, cfg: StackConfig, root: Optional[Path] = N
     path = Path(cfg.weights.lock_file)
     if not path.is_absolute() and root is not None:
         path = root / path
+    try:    # read once, bounded, a regular file only (tree.read_regular); the text shipped is the text checked
+        raw = read_regular(str(path), LOCK_MAX_BYTES)
+    except OSError as exc:
+        raise ConfigError(KEY, cfg.weights.lock_file,
+                          f"must be a readable k3-tree-v1 lock file: {describe_oserror(exc)}") from None
     try:
-        lock, _sha = load_lock(str(path))
-        text = path.read_text()
+        lock = parse_lock_bytes(raw, str(path))
+        text = raw.decode("utf-8")
     except LockError as exc:
         raise ConfigError(KEY, cfg.weights.lock_file, f"must be a valid k3-tree-v1 lock: {exc}")
     stack_lock = StackLock(str(path), text, lock)

@@ -11,6 +11,7 @@ container runs a ConfigMap file directly: the bootstrap inlined in the pod spec
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -117,14 +118,23 @@ def expected_tree_digest(receipt: Receipt, lock_text: Optional[str]) -> str:
 
 
 def runtime_files() -> dict[str, str]:
-    """ConfigMap data: the runtime package and the pod scripts."""
+    """ConfigMap data: the runtime package and the pod scripts (a fresh dict: callers add
+    the lock to it)."""
+    return dict(_runtime_sources())
+
+
+# Read once per process: package files do not change under a running program, and every
+# weights pod of every replica asks for them (a 64-replica node-local render read and
+# hashed them ~6000 times: 49 s; issue 28).
+@functools.lru_cache(maxsize=1)
+def _runtime_sources() -> tuple[tuple[str, str], ...]:
     from k3infra.weights import runtime_paths
 
     data = {f"{RUNTIME_PACKAGE}.{name}": path.read_text() for name, path in runtime_paths().items()}
     pkg = resources.files("k3infra.weights")
     for script in POD_SCRIPTS:
         data[script] = pkg.joinpath("pod", script).read_text()
-    return data
+    return tuple(data.items())
 
 
 def bootstrap_source() -> str:
@@ -152,16 +162,17 @@ def runtime_configmap(base: str, namespace: str, labels: dict, lock_text: Option
 
 
 def _runtime_items(has_lock: bool) -> list[dict]:
-    from k3infra.weights import runtime_paths
+    from k3infra.weights import RUNTIME_FILES, SHARED_FILES
 
     items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"}
-             for n in runtime_paths()]
+             for n in (*RUNTIME_FILES, *SHARED_FILES)]
     items += [{"key": s, "path": s} for s in POD_SCRIPTS]
     if has_lock:
         items.append({"key": LOCK_KEY, "path": LOCK_KEY})
     return items
 
 
+@functools.lru_cache(maxsize=16)
 def runtime_pins(lock_text: Optional[str]) -> str:
     """K3_RUNTIME_SHA256: path in the runtime volume -> sha256 of what Pulumi ships."""
     data = runtime_files()

@@ -55,10 +55,12 @@ reported to the source chain, which picks the next source.
 from __future__ import annotations
 
 import email.utils
+import errno
 import hashlib
 import os
 import random
 import shutil
+import stat
 import tempfile
 import time
 from collections import deque
@@ -239,6 +241,21 @@ class LockUnavailable(Exception):
     """The filesystem does not support flock: two writers could interleave, so refuse."""
 
 
+def _open_partial(path: str):
+    """The partial download, for appending: a regular file or new, never followed through
+    a link, never a FIFO that blocks the open (tree.open_regular's rule for writing)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class _DirLock:
     """flock on the directory holding the tree: two prefetches (a retried Job pod, a
     second Job) never write the same tree at once. A filesystem without flock is refused."""
@@ -246,7 +263,10 @@ class _DirLock:
     def __init__(self, path: str, emit: Emit):
         import fcntl
 
-        self.fd = os.open(path, os.O_RDONLY)
+        # A directory, opened without blocking (a FIFO put there by a volume writer
+        # must not hang the prefetch; O_DIRECTORY refuses it at once).
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                          | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -403,7 +423,7 @@ class _Fetcher:
             headers.pop("authorization", None)      # a signed CDN URL: the token stays on the Hub
         watch = self.watch or StallWatch(STALL_SECONDS)
         attempt = watch.begin(entry.path)
-        with open(partial, "ab") as fh:
+        with _open_partial(partial) as fh:
             have = fh.tell()
             if have > entry.size:
                 fh.truncate(0)

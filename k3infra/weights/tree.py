@@ -49,9 +49,11 @@ from collections import namedtuple
 from collections.abc import Iterable
 
 try:                       # in a pod: shipped beside this file (k3weights/podcommon.py)
-    from .podcommon import atomic_write, fsync_dir  # noqa: F401  (re-exported)
+    from .podcommon import (OPEN_FLAGS, atomic_write, fsync_dir, open_regular,  # noqa: F401
+                            read_regular)  # (re-exported)
 except ImportError:        # on the operator's machine: the one copy, k3infra/podcommon.py
-    from ..podcommon import atomic_write, fsync_dir  # noqa: F401
+    from ..podcommon import (OPEN_FLAGS, atomic_write, fsync_dir, open_regular,  # noqa: F401
+                             read_regular)
 
 ALGORITHM = "k3-tree-v1"
 MARKER_NAME = ".k3-verified.json"
@@ -59,10 +61,18 @@ STATE_NAME = ".k3-verify-state.json"
 SCRATCH_PARENT = ".cache"
 SCRATCH_NAME = "huggingface"
 SCRATCH_DIR = f"{SCRATCH_PARENT}/{SCRATCH_NAME}"
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TMP = re.compile(r"^(%s|%s)\.[0-9]+\.[0-9a-f]+\.tmp$" % (re.escape(MARKER_NAME), re.escape(STATE_NAME)))
+# Full matches only (re.fullmatch, \A..\Z): `$` also matches before a final newline.
+_HEX40 = re.compile(r"\A[0-9a-f]{40}\Z")
+_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
+_REPO = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_TMP = re.compile(r"\A(%s|%s)\.[0-9]+\.[0-9a-f]+\.tmp\Z" % (re.escape(MARKER_NAME), re.escape(STATE_NAME)))
+# The most bytes read from a lock (a million files fit in ~150 MB: a 1 TB tree has a few
+# thousand), a marker, a stamp record or a Hub metadata file: past that a file is refused
+# unread (whoever writes the volume must not make the gate allocate without bound).
+LOCK_MAX_BYTES = 256 << 20
+SMALL_MAX_BYTES = 1 << 20
+# Every file of a tree is opened by podcommon.open_regular (a regular file after a
+# no-follow, non-blocking open) and small files read by podcommon.read_regular (bounded).
 _LOCK_KEYS = ("algorithm", "repo", "revision", "tree_digest", "total_bytes", "files")
 # The read path (hash_file): files are mapped in windows of MAP_WINDOW bytes and hashed
 # straight from the page cache. The window is not pre-filled (no MAP_POPULATE): the page
@@ -80,6 +90,12 @@ _MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", None)
 
 class LockError(ValueError):
     """A lock file (or a value for one) that does not follow the format."""
+
+
+def describe_oserror(exc: OSError) -> str:
+    """`<path>: <reason>` for a refusal line (strerror alone hides which file)."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 # Value types are named tuples and small classes, not dataclasses: `dataclasses` imports
@@ -233,15 +249,23 @@ def parse_lock(data: object) -> Lock:
 def load_lock(path: str) -> tuple[Lock, str]:
     """(Lock, sha256 hex of the lock file's bytes)."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = read_regular(path, LOCK_MAX_BYTES)
     except OSError as exc:
-        raise LockError(f"lock {path}: cannot read ({exc.strerror})") from None
+        raise LockError(f"lock {path}: cannot read ({exc.strerror or exc})") from None
+    return parse_lock_bytes(raw, path), hashlib.sha256(raw).hexdigest()
+
+
+def parse_lock_bytes(raw: bytes, path: str) -> Lock:
+    """parse_lock of a lock file's bytes; LockError naming `path` for bytes that are not
+    UTF-8 JSON (deep nesting included: json's RecursionError is a refusal too)."""
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LockError(f"lock {path}: not JSON ({exc})") from None
-    return parse_lock(data), hashlib.sha256(raw).hexdigest()
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise LockError(f"lock {path}: not JSON ({str(exc)[:200]})") from None
+    try:
+        return parse_lock(data)
+    except LockError as exc:
+        raise LockError(f"lock {path}: {exc}") from None
 
 
 def atomic_write_json(path: str, obj: object) -> None:
@@ -266,6 +290,13 @@ class Scan:
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"))
+
+
+def _realpath(path: str) -> str:
+    try:
+        return os.path.realpath(path, strict=True)
+    except (OSError, RuntimeError):     # a dangling link or a loop resolves nowhere
+        return ""
 
 
 def scan_tree(root: str) -> Scan:
@@ -301,8 +332,11 @@ def scan_tree(root: str) -> Scan:
         elif stat.S_ISDIR(st.st_mode):
             walk(entry.path, rel)
         elif stat.S_ISLNK(st.st_mode):
-            target = os.readlink(entry.path)
-            inside = (os.path.realpath(entry.path) + "/").startswith(real_root)
+            try:
+                target = os.readlink(entry.path)
+            except OSError as exc:
+                target = f"unreadable: {exc.strerror}"
+            inside = (_realpath(entry.path) + "/").startswith(real_root)
             add(rel, f"symlink (-> {target}): the tree must hold regular files only" if inside
                 else f"symlink escaping the tree (-> {target})")
         else:
@@ -324,7 +358,7 @@ def stamp_of(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-def hash_file(path: str, buf: bytearray | None = None) -> FileHash:
+def hash_file(path: str, buf: bytearray | None = None, limit: int | None = None) -> FileHash:
     """SHA-256 of a regular file: the weights runtime's one read path (the verifier, the
     prefetch and the serving gate read through it). Opens with O_NOFOLLOW (a symlink is
     refused), stamps the file before and after, and reads every byte through the page
@@ -336,19 +370,20 @@ def hash_file(path: str, buf: bytearray | None = None) -> FileHash:
     it reads into `buf` (READ_SIZE when not given). A file truncated by another writer
     while it is mapped ends the process with SIGBUS: the run fails, nothing is marked
     verified. The runtime never hashes a file that another process is writing (the
-    prefetch holds a flock on the tree; the gate reads a read-only mount)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
+    prefetch holds a flock on the tree; the gate reads a read-only mount).
+
+    `limit` (the lock's size of the file): a larger file is not read at all, and a file
+    growing while read is read to one buffer past it, never without bound."""
+    fd, before = open_regular(path)
     try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise OSError(f"{path}: not a regular file")
+        if limit is not None and before.st_size > limit:
+            return FileHash(sha256="", size=before.st_size, before=before, after=before)
         _advise(fd, 0, 0, "POSIX_FADV_SEQUENTIAL")
         h = hashlib.sha256()
         buf = buf if buf is not None else bytearray(READ_SIZE)
-        total = _hash_mapped(fd, before.st_size, h, buf)
+        total = _hash_mapped(fd, before.st_size, h, buf, limit)
         if total is None:
-            total = _hash_read(fd, h, buf)
+            total = _hash_read(fd, h, buf, 0, limit)
         after = os.fstat(fd)
     finally:
         os.close(fd)
@@ -363,7 +398,7 @@ def _advise(fd: int, offset: int, length: int, advice: str) -> None:
             pass        # advice only: some filesystems refuse it
 
 
-def _hash_mapped(fd: int, size: int, h, buf: bytearray) -> int | None:
+def _hash_mapped(fd: int, size: int, h, buf: bytearray, most: int | None = None) -> int | None:
     """Hash `size` bytes of `fd` from the page cache through mmap windows; None when the
     file cannot be mapped (then nothing was hashed)."""
     if size <= 0:
@@ -389,11 +424,12 @@ def _hash_mapped(fd: int, size: int, h, buf: bytearray) -> int | None:
             window.close()
         offset += length
     # Bytes appended after the fstat are read too: the size check sees a grown file.
-    return offset + _hash_read(fd, h, buf, offset)
+    return offset + _hash_read(fd, h, buf, offset, None if most is None else most - offset)
 
 
-def _hash_read(fd: int, h, buf: bytearray, offset: int = 0) -> int:
-    """Hash `fd` from `offset` to its end through `buf`; the number of bytes read."""
+def _hash_read(fd: int, h, buf: bytearray, offset: int = 0, most: int | None = None) -> int:
+    """Hash `fd` from `offset` to its end (or just past `most` bytes) through `buf`; the
+    number of bytes read."""
     view = memoryview(buf)
     total = 0
     os.lseek(fd, offset, os.SEEK_SET)
@@ -404,6 +440,8 @@ def _hash_read(fd: int, h, buf: bytearray, offset: int = 0) -> int:
                 return total
             h.update(view[:n])
             total += n
+            if most is not None and total > most:
+                return total
 
 
 def default_workers() -> int:
@@ -432,8 +470,8 @@ def revision_from_hf_metadata(root: str) -> str | None:
         for name in names:
             if name.endswith(".metadata"):
                 try:
-                    with open(os.path.join(dirpath, name)) as fh:
-                        commits.add(fh.readline().strip())
+                    raw = read_regular(os.path.join(dirpath, name), SMALL_MAX_BYTES)
+                    commits.add(raw.decode("utf-8", "replace").split("\n", 1)[0].strip())
                 except OSError:
                     continue
     if len(commits) == 1:

@@ -142,12 +142,13 @@ def _children_cpu(resource) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def hash_files(paths: list, workers: int | None, done: Callable) -> None:
+def hash_files(paths: list, workers: int | None, done: Callable, limits: list | None = None) -> None:
     """Hash `paths` (taken in this order) on `workers` threads and call `done(index,
     FileHash or OSError)` for each, one call at a time. The verifier and the lock builder
     know their whole list up front, so plain threads do; the prefetch, which submits files
     as they land and waits on downloads and hashes together, uses Hasher's futures.
-    (concurrent.futures imports logging: ~13 ms on every verify and every pod's gate.)"""
+    (concurrent.futures imports logging: ~13 ms on every verify and every pod's gate.)
+    `limits[i]`: the most bytes paths[i] may hold (tree.hash_file's `limit`)."""
     todo = iter(enumerate(paths))
     lock = threading.Lock()
     failure: list = []
@@ -162,7 +163,7 @@ def hash_files(paths: list, workers: int | None, done: Callable) -> None:
             index, path = item
             try:
                 try:
-                    result = tree.hash_file(path, buf)
+                    result = tree.hash_file(path, buf, limits[index] if limits else None)
                 except OSError as exc:
                     result = exc
                 with lock:
@@ -217,11 +218,11 @@ def marker_path(root: str) -> str:
 
 
 def read_marker(root: str) -> dict | None:
+    """The marker's JSON object; None when absent, not a small regular file or not JSON."""
     try:
-        with open(marker_path(root), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(tree.read_regular(marker_path(root), tree.SMALL_MAX_BYTES))
         return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -345,7 +346,8 @@ def _hash_entries(root: str, entries: list[FileEntry], workers: int | None, emit
         else:
             report.good[entry.path] = tree.stamp_of(result.after) + (entry.sha256,)
 
-    hash_files([os.path.join(root, e.path) for e in entries], workers, done)
+    hash_files([os.path.join(root, e.path) for e in entries], workers, done,
+               [e.size for e in entries])
 
 
 # ---- a lock from a local tree ---------------------------------------------------------

@@ -19,9 +19,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+DIGEST = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
+SHA256 = re.compile(r"\A[0-9a-f]{64}\Z")
+FULL_SHA = re.compile(r"\A[0-9a-f]{40}\Z")
 ATTEMPTS = 5
 
 
