@@ -59,6 +59,7 @@ class K3ServingStackArgs(TypedDict, total=False):
     profile: str                         # measured | upstream | custom
     acceptModelLicense: bool             # Kimi K3 License acknowledgement
     namespace: str                       # default: the instance name
+    createNamespace: bool                # create and own it (default: only the instance's name)
     servedModelName: str
     surface: dict                        # allow-listed serving-surface args / env
     custom: dict                         # engine-path changes (profile custom only)
@@ -117,6 +118,7 @@ class K3ServingStack(pulumi.ComponentResource):
         if inputs.plain.namespace is None:
             inputs = inputs.with_plain(lambda c: c.model_copy(update={"namespace": instance}))
         cfg = inputs.plain
+        owns_namespace = naming.creates_namespace(cfg.namespace, cfg.create_namespace, instance)
         self.config = cfg
         self.inputs = inputs
         self.fit = (topology.domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
@@ -145,10 +147,15 @@ class K3ServingStack(pulumi.ComponentResource):
                                  instance=instance)
         names = m.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
 
-        ns = apply_manifest(f"{name}-namespace",
-                            m.namespace(cfg.namespace, instance, m.pod_security_level(cfg)),
-                            child_options(self, opts))
-        in_ns = child_options(self, opts, ns)
+        # Created only when this instance owns it (naming.creates_namespace); otherwise the
+        # namespace is the user's: no edge, and destroying the instance leaves it.
+        self.namespace = (apply_manifest(f"{name}-namespace",
+                                         m.namespace(cfg.namespace, instance,
+                                                     m.pod_security_level(cfg)),
+                                         child_options(self, opts))
+                          if owns_namespace else None)
+        ns = [self.namespace] if self.namespace is not None else []
+        in_ns = child_options(self, opts, *ns)
         # NetworkPolicies first (no pod of the stack runs unpoliced), then the metrics
         # objects and dashboard that k3:monitoring asks for.
         self.operations = ServingOperations(f"{name}-operations", receipt, inputs, names,
@@ -175,7 +182,7 @@ class K3ServingStack(pulumi.ComponentResource):
             f"{name}-weights", receipt, inputs, instance, cfg.namespace,
             m.labels(instance, "weights-prefetch"), image, hf_secret_name,
             lock.text if lock else None,
-            child_options(self, opts, ns, *secrets, self.pool))
+            child_options(self, opts, *ns, *secrets, self.pool))
 
         self.serving = VllmServing(
             f"{name}-serving", receipt, inputs, image, self.weights.parts_for, names, instance,
