@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, TypedDict, Union
 import pulumi
 
 from k3infra import gates, naming, topology
-from k3infra.config import StackConfig
+from k3infra.config import ConfigError, StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.gateway.auth import key_policy_note
 from k3infra.gateway.picker import picker_gates
@@ -127,7 +127,16 @@ class K3ServingStack(pulumi.ComponentResource):
         m.check_shutdown(receipt, cfg)
         lock = load_stack_lock(receipt, cfg, check_revision=not inputs.is_wired("weightsRevision"))
         lock_holder["lock"] = lock
-        resolve_engine(receipt, cfg)      # k3:engine / k3:profile refusals, before anything
+        plan = resolve_engine(receipt, cfg)   # k3:engine / k3:profile refusals, before anything
+        if (not owns_namespace and plan.mode == "in-cluster"
+                and cfg.engine.build_namespace is None):
+            # The build namespace is always created by the instance: the default derived
+            # from a namespace others share would be created by each of them.
+            raise ConfigError("k3:engine.buildNamespace", None,
+                              f"must be set when k3:createNamespace is false: the default "
+                              f"{cfg.namespace}-build would be created by every instance "
+                              f"in {cfg.namespace!r}; name one per instance, e.g. "
+                              f"{instance}-build")
         gates.enforce([g for g in gates.deployment_gates(receipt, cfg)
                        if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(cfg)
                       + picker_gates(cfg) + [g for g in [key_policy_note(cfg)] if g]

@@ -331,6 +331,34 @@ def test_a_named_namespace_without_create_namespace_is_refused_in_one_line():
         "Security labels), false to deploy into one that exists")
 
 
+def test_an_in_cluster_build_in_a_shared_namespace_names_its_own_build_namespace():
+    in_cluster = {"engine": {"build": "in-cluster", "registry": "registry.example.com/k3/vllm",
+                             "registrySecret": "push"}}
+    base = {"weightsRevision": GOOD_REVISION, "apiKey": "x", "namespace": "inference",
+            "createNamespace": False}
+
+    def refused():
+        K3ServingStack("kimi-a", {**base, **in_cluster}, receipt=load_receipt(),
+                       offline_render=True)
+    with pytest.raises(ConfigError) as err:
+        record(refused, preview=True)
+    assert str(err.value) == (
+        "k3:engine.buildNamespace = None: must be set when k3:createNamespace is false: the "
+        "default inference-build would be created by every instance in 'inference'; name "
+        "one per instance, e.g. kimi-a-build")
+
+    def program():
+        for name in ("kimi-a", "kimi-b"):
+            engine = {**in_cluster["engine"], "buildNamespace": f"{name}-build"}
+            K3ServingStack(name, {**base, "engine": engine}, receipt=load_receipt(),
+                           offline_render=True)
+    rec = record(program, preview=True)
+    assert sorted(r.inputs["metadata"]["name"]
+                  for r in rec.of_type("kubernetes:core/v1:Namespace")) == \
+        ["kimi-a-build", "kimi-b-build"]
+    assert len(_names(rec)) == len(rec.kubernetes())
+
+
 def test_create_namespace_refuses_an_output():
     def program():
         _, o = source("upstream", {"create": True, **_values()})
