@@ -7,8 +7,9 @@ The rule (docs/configuration.md, "Names"):
 - every namespaced object is `<instance>` or `<instance>-<suffix>` (StatefulSet and
   Service `<instance>`, `<instance>-headless`, `<instance>-api-key`,
   `<instance>-weights-prefetch`, `<instance>-engine-build-<hash>`, ...);
-- the namespace is k3:namespace, or the instance name when unset; the in-cluster build's
-  namespace is k3:engine.buildNamespace, or `<namespace>-build`;
+- the namespace is k3:namespace, or the instance name when unset; the instance creates
+  it only when it is its own name or k3:createNamespace says so (`creates_namespace`);
+  the in-cluster build's namespace is k3:engine.buildNamespace, or `<namespace>-build`;
 - labels: `app.kubernetes.io/name: kimi-k3` (what runs) and
   `app.kubernetes.io/instance: <instance>` (which copy); every selector includes the
   instance, so two instances never select each other's pods;
@@ -22,6 +23,7 @@ add-ons (the GPU Operator) are not part of an instance: `k3infra.nodepool.addons
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from k3infra.config import ConfigError
 
@@ -66,3 +68,19 @@ def check_instance_name(name: str, what: str = "K3ServingStack name") -> str:
                           f"{LABEL_MAX}-character label limit")
     return name
 
+
+
+def creates_namespace(namespace: str, create: Optional[bool], instance: str) -> bool:
+    """Whether the instance creates (owns, deletes on destroy) its namespace. A component
+    owns only what it creates: the namespace named after the instance is its own unless
+    k3:createNamespace is false; any other name may be shared by several instances or
+    be the user's, so it must say which (two creators of one Namespace collide on
+    create, and destroying either deletes it under the other)."""
+    if create is not None:
+        return create
+    if namespace == instance:
+        return True
+    raise ConfigError("k3:createNamespace", None,
+                      f"must be set when k3:namespace ({namespace!r}) is not the instance "
+                      f"name ({instance!r}): true to create and own the namespace (with its "
+                      "Pod Security labels), false to deploy into one that exists")

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, TypedDict, Union
 import pulumi
 
 from k3infra import gates, naming, topology
-from k3infra.config import StackConfig
+from k3infra.config import ConfigError, StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.gateway.auth import key_policy_note
 from k3infra.gateway.picker import picker_gates
@@ -59,6 +59,7 @@ class K3ServingStackArgs(TypedDict, total=False):
     profile: str                         # measured | upstream | custom
     acceptModelLicense: bool             # Kimi K3 License acknowledgement
     namespace: str                       # default: the instance name
+    createNamespace: bool                # create and own it (default: only the instance's name)
     servedModelName: str
     surface: dict                        # allow-listed serving-surface args / env
     custom: dict                         # engine-path changes (profile custom only)
@@ -117,6 +118,7 @@ class K3ServingStack(pulumi.ComponentResource):
         if inputs.plain.namespace is None:
             inputs = inputs.with_plain(lambda c: c.model_copy(update={"namespace": instance}))
         cfg = inputs.plain
+        owns_namespace = naming.creates_namespace(cfg.namespace, cfg.create_namespace, instance)
         self.config = cfg
         self.inputs = inputs
         self.fit = (topology.domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
@@ -125,7 +127,16 @@ class K3ServingStack(pulumi.ComponentResource):
         m.check_shutdown(receipt, cfg)
         lock = load_stack_lock(receipt, cfg, check_revision=not inputs.is_wired("weightsRevision"))
         lock_holder["lock"] = lock
-        resolve_engine(receipt, cfg)      # k3:engine / k3:profile refusals, before anything
+        plan = resolve_engine(receipt, cfg)   # k3:engine / k3:profile refusals, before anything
+        if (not owns_namespace and plan.mode == "in-cluster"
+                and cfg.engine.build_namespace is None):
+            # The build namespace is always created by the instance: the default derived
+            # from a namespace others share would be created by each of them.
+            raise ConfigError("k3:engine.buildNamespace", None,
+                              f"must be set when k3:createNamespace is false: the default "
+                              f"{cfg.namespace}-build would be created by every instance "
+                              f"in {cfg.namespace!r}; name one per instance, e.g. "
+                              f"{instance}-build")
         gates.enforce([g for g in gates.deployment_gates(receipt, cfg)
                        if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(cfg)
                       + picker_gates(cfg) + [g for g in [key_policy_note(cfg)] if g]
@@ -145,10 +156,15 @@ class K3ServingStack(pulumi.ComponentResource):
                                  instance=instance)
         names = m.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
 
-        ns = apply_manifest(f"{name}-namespace",
-                            m.namespace(cfg.namespace, instance, m.pod_security_level(cfg)),
-                            child_options(self, opts))
-        in_ns = child_options(self, opts, ns)
+        # Created only when this instance owns it (naming.creates_namespace); otherwise the
+        # namespace is the user's: no edge, and destroying the instance leaves it.
+        self.namespace = (apply_manifest(f"{name}-namespace",
+                                         m.namespace(cfg.namespace, instance,
+                                                     m.pod_security_level(cfg)),
+                                         child_options(self, opts))
+                          if owns_namespace else None)
+        ns = [self.namespace] if self.namespace is not None else []
+        in_ns = child_options(self, opts, *ns)
         # NetworkPolicies first (no pod of the stack runs unpoliced), then the metrics
         # objects and dashboard that k3:monitoring asks for.
         self.operations = ServingOperations(f"{name}-operations", receipt, inputs, names,
@@ -175,7 +191,7 @@ class K3ServingStack(pulumi.ComponentResource):
             f"{name}-weights", receipt, inputs, instance, cfg.namespace,
             m.labels(instance, "weights-prefetch"), image, hf_secret_name,
             lock.text if lock else None,
-            child_options(self, opts, ns, *secrets, self.pool))
+            child_options(self, opts, *ns, *secrets, self.pool))
 
         self.serving = VllmServing(
             f"{name}-serving", receipt, inputs, image, self.weights.parts_for, names, instance,

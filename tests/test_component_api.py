@@ -242,6 +242,134 @@ def test_an_instance_name_that_cannot_prefix_every_name_is_refused(name, why):
     assert why in str(err.value)
 
 
+# --- who owns the namespace --------------------------------------------------------------
+
+def _shared_namespace_program(**per_instance):
+    """The user's own Namespace `inference`, then one instance per entry of
+    `per_instance` (name -> extra args) in it, each depending on the user's Namespace."""
+    def program():
+        user_ns = k8s.core.v1.Namespace("inference", metadata={"name": "inference"})
+        for name, extra in per_instance.items():
+            K3ServingStack(name, {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                  "engineImage": IMAGE, "acceptModelLicense": True,
+                                  "namespace": "inference", **PINNED, **extra},
+                           pulumi.ResourceOptions(depends_on=[user_ns]), receipt=load_receipt())
+    return program
+
+
+def test_two_instances_in_one_user_namespace_register_no_namespace():
+    rec = record(_shared_namespace_program(**{"kimi-a": {"createNamespace": False},
+                                              "kimi-b": {"createNamespace": False}}),
+                 preview=True)
+    # The one Namespace is the user's; neither instance registers one.
+    assert [(r.name, r.parent) for r in rec.of_type("kubernetes:core/v1:Namespace")] == \
+        [("inference", "urn:pulumi:test::consumer::pulumi:pulumi:Stack::consumer-test")]
+    names = [(r.type, r.inputs["metadata"].get("namespace", ""), r.inputs["metadata"]["name"])
+             for r in rec.kubernetes() if r.name != "inference"]
+    assert len(names) == len(set(names)), "two instances registered the same object"
+    assert {ns for _, ns, _ in names} == {"inference"}
+    user_ns = rec.named("inference").urn
+    # Every object of both instances waits for the user's Namespace (their depends_on).
+    for r in rec.kubernetes():
+        if r.name != "inference":
+            assert user_ns in r.dependencies, r.name
+
+
+def test_the_instance_that_creates_the_namespace_alone_owns_it():
+    def program():
+        for name, extra in (("kimi-a", {"createNamespace": True}),
+                            ("kimi-b", {"createNamespace": False})):
+            K3ServingStack(name, {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                  "engineImage": IMAGE, "namespace": "inference", **extra},
+                           receipt=load_receipt())
+    rec = record(program, preview=True)
+    (ns,) = rec.of_type("kubernetes:core/v1:Namespace")
+    assert ns.name == "kimi-a-namespace"
+    assert ns.inputs["metadata"] == {"name": "inference", "labels": {
+        "app.kubernetes.io/name": "kimi-k3", "app.kubernetes.io/instance": "kimi-a",
+        "app.kubernetes.io/component": "namespace", "app.kubernetes.io/part-of": "k3infra",
+        "app.kubernetes.io/managed-by": "pulumi",
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/warn": "restricted"}}
+    assert ns.urn in rec.urns_under(rec.named("kimi-a").urn)
+    # The owner's objects wait for the Namespace; the other instance's record no edge to
+    # an object it does not own (it deploys into a namespace it assumes exists).
+    for name in ("kimi-a-serving-statefulset", "kimi-a-api-key", "kimi-a-weights-job",
+                 "kimi-a-serving-svc-kimi-a", "kimi-a-operations-netpol-kimi-a-serving"):
+        assert ns.urn in rec.named(name).dependencies, name
+    for r in rec.kubernetes():
+        if r.urn in rec.urns_under(rec.named("kimi-b").urn):
+            assert ns.urn not in r.dependencies, r.name
+
+
+@pytest.mark.parametrize("args, created", [
+    ({}, ["kimi-a-namespace"]),                                   # the default: its own name
+    ({"namespace": "kimi-a"}, ["kimi-a-namespace"]),               # its own name, explicit
+    ({"createNamespace": False}, []),                             # its own name, existing
+    ({"namespace": "inference", "createNamespace": True}, ["kimi-a-namespace"]),
+])
+def test_the_namespace_is_created_only_when_the_instance_owns_it(args, created):
+    def program():
+        K3ServingStack("kimi-a", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                  "engineImage": IMAGE, **args}, receipt=load_receipt())
+    rec = record(program, preview=True)
+    assert [r.name for r in rec.of_type("kubernetes:core/v1:Namespace")] == created
+    sts = rec.named("kimi-a-serving-statefulset")
+    assert sts.inputs["metadata"]["namespace"] == args.get("namespace", "kimi-a")
+
+
+def test_a_named_namespace_without_create_namespace_is_refused_in_one_line():
+    def program():
+        K3ServingStack("kimi-a", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                  "engineImage": IMAGE, "namespace": "inference"},
+                       receipt=load_receipt())
+    with pytest.raises(ConfigError) as err:
+        record(program, preview=True)
+    assert str(err.value) == (
+        "k3:createNamespace = None: must be set when k3:namespace ('inference') is not the "
+        "instance name ('kimi-a'): true to create and own the namespace (with its Pod "
+        "Security labels), false to deploy into one that exists")
+
+
+def test_an_in_cluster_build_in_a_shared_namespace_names_its_own_build_namespace():
+    in_cluster = {"engine": {"build": "in-cluster", "registry": "registry.example.com/k3/vllm",
+                             "registrySecret": "push"}}
+    base = {"weightsRevision": GOOD_REVISION, "apiKey": "x", "namespace": "inference",
+            "createNamespace": False}
+
+    def refused():
+        K3ServingStack("kimi-a", {**base, **in_cluster}, receipt=load_receipt(),
+                       offline_render=True)
+    with pytest.raises(ConfigError) as err:
+        record(refused, preview=True)
+    assert str(err.value) == (
+        "k3:engine.buildNamespace = None: must be set when k3:createNamespace is false: the "
+        "default inference-build would be created by every instance in 'inference'; name "
+        "one per instance, e.g. kimi-a-build")
+
+    def program():
+        for name in ("kimi-a", "kimi-b"):
+            engine = {**in_cluster["engine"], "buildNamespace": f"{name}-build"}
+            K3ServingStack(name, {**base, "engine": engine}, receipt=load_receipt(),
+                           offline_render=True)
+    rec = record(program, preview=True)
+    assert sorted(r.inputs["metadata"]["name"]
+                  for r in rec.of_type("kubernetes:core/v1:Namespace")) == \
+        ["kimi-a-build", "kimi-b-build"]
+    assert len(_names(rec)) == len(rec.kubernetes())
+
+
+def test_create_namespace_refuses_an_output():
+    def program():
+        _, o = source("upstream", {"create": True, **_values()})
+        K3ServingStack("kimi-a", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
+                                  "engineImage": IMAGE, "namespace": "inference",
+                                  "createNamespace": o["create"]}, receipt=load_receipt())
+    with pytest.raises(ConfigError) as err:
+        record(program)
+    assert str(err.value).startswith("k3:createNamespace = '<Output>': must be a plain value")
+
+
 # --- dependencies on the children ------------------------------------------------------
 
 def test_children_record_the_dependencies_they_need():

@@ -416,8 +416,20 @@ def test_bad_engine_config_fails_before_any_registration():
 
 
 def test_missing_recipe_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(EngineBuildError, match="no images/Dockerfile"):
+    with pytest.raises(EngineBuildError) as err:
         ec.find_recipe_dir(str(tmp_path))
+    assert str(err.value) == (f"no engine recipe (Dockerfile) at {tmp_path}: pass recipeDir "
+                              "(a copy of the repository's images/ with its locks)")
+
+
+def test_the_recipe_is_never_looked_up_from_the_working_directory(tmp_path, monkeypatch):
+    """An images/Dockerfile in the directory a program runs from is not the engine's:
+    the default is the package's recipe, or the checkout's beside an editable install."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "Dockerfile").write_text("FROM scratch\n")
+    monkeypatch.chdir(tmp_path)
+    assert ec.find_recipe_dir() in (ec.PACKAGED_RECIPE, ec.CHECKOUT_RECIPE)
+    assert ec.find_recipe_dir() == ROOT / "images"      # this checkout (no packaged copy)
 
 
 def test_in_cluster_with_placeholder_image_digests_is_refused_on_update(monkeypatch):

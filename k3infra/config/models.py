@@ -635,6 +635,10 @@ class StackConfig(_Section):
     # None: the component's instance name (k3infra.naming), so two instances never
     # share a namespace by default.
     namespace: Optional[DnsLabel] = None
+    # Whether this instance creates (and so owns, and deletes on destroy) the namespace,
+    # with its Pod Security labels. None: only when the namespace is the instance's own
+    # name (k3infra.naming.creates_namespace); any other name must say true or false.
+    create_namespace: Optional[bool] = Field(default=None, alias="createNamespace")
     served_model_name: ServedModelName = Field(default="kimi-k3", alias="servedModelName")
     surface: SurfaceConfig = Field(default_factory=SurfaceConfig)
     custom: CustomConfig = Field(default_factory=CustomConfig)

@@ -43,25 +43,30 @@ class EngineBuildArgs(TypedDict, total=False):
     base: str                # object name prefix (default: kimi-k3); the namespace when
                              # the config names none
     labels: dict             # labels on build objects
-    recipeDir: str           # the images/ directory (default: found from the cwd)
-    exportDir: str           # local mode: where pass 1 exports (default: build/engine)
+    recipeDir: str           # the images/ directory (default: the package's, find_recipe_dir)
+    exportDir: str           # local mode: where pass 1 exports (default: ./build/engine)
     gatesEnforced: bool      # the caller already ran engine_gates (K3ServingStack does)
     offlineRender: bool      # `k3infra render`: builds never run, digests are placeholders
 
 
+# An installed package carries images/ here (setup.py's build_py copies it in);
+# an editable install of a checkout reads the checkout's images/ beside the package.
+PACKAGED_RECIPE = Path(__file__).resolve().parent / "recipe"
+CHECKOUT_RECIPE = Path(__file__).resolve().parents[2] / "images"
+
+
 def find_recipe_dir(explicit: Optional[str] = None) -> Path:
-    """images/ of this project: explicit, else beside Pulumi.yaml above the cwd (Pulumi
-    runs programs there), else beside the k3infra package (an editable install)."""
+    """The engine recipe: `explicit` (recipeDir), else the one shipped in the package,
+    else a checkout's images/ beside the package. Never looked up from the working
+    directory: an unrelated images/ there must not become the engine."""
     if explicit:
         found = Path(explicit)
     else:
-        here = Path.cwd().resolve()
-        candidates = [d / "images" for d in (here, *here.parents)]
-        candidates.append(Path(__file__).resolve().parents[2] / "images")
-        found = next((c for c in candidates if (c / "Dockerfile").is_file()), candidates[0])
+        found = next((c for c in (PACKAGED_RECIPE, CHECKOUT_RECIPE)
+                      if (c / "Dockerfile").is_file()), PACKAGED_RECIPE)
     if not (found / "Dockerfile").is_file():
-        raise EngineBuildError(f"no images/Dockerfile at {found}: run from the project "
-                               "directory or pass recipeDir")
+        raise EngineBuildError(f"no engine recipe (Dockerfile) at {found}: pass recipeDir "
+                               "(a copy of the repository's images/ with its locks)")
     return found
 
 
@@ -221,7 +226,8 @@ class EngineBuild(pulumi.ComponentResource):
                recipe: Path) -> pulumi.Output[BuildResult]:
         import pulumi_docker_build as docker_build
 
-        export_root = Path(args.get("exportDir") or recipe.parent / "build" / "engine")
+        # The project directory (Pulumi runs programs there), never inside the package.
+        export_root = Path(args.get("exportDir") or Path.cwd() / "build" / "engine")
         export = export_root / f"wheel-{em.recipe_hash(plan, recipe_files(recipe))}"
         context = docker_build.BuildContextArgs(location=str(recipe))
         dockerfile = docker_build.DockerfileArgs(location=str(recipe / "Dockerfile"))

@@ -4,15 +4,21 @@ The inference reads descriptions from docstrings in a class body and knows neith
 defaults nor secrets. The shapes are derived from the config models (`shapes`), so their
 descriptions come from the same places a reader finds them: the key tables of
 docs/configuration.md and of each section's page (engine.md, clouds.md, ...), else the
-comment above the model field, else the docstring of the section's model. Scalar defaults are the models' own; the
+comment above the model field, else the docstring of the section's model. The tables are
+read from the package's `doc_rows.json`, generated from docs/ by
+`python -m k3infra.plugin.schema docs` (tests/test_packaging.py fails when it is stale),
+so an installed package needs no checkout. Scalar defaults are the models' own; the
 secrets (`k3:apiKey`, `k3:hfToken`) are marked `secret`, so a generated SDK wraps them
 as Pulumi secrets before they leave the consumer's program.
 """
 from __future__ import annotations
 
 import inspect
+import json
 import re
+import sys
 import types
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Optional, Union, get_args, get_origin
 
@@ -24,7 +30,7 @@ from k3infra.plugin.shapes import ARGS_NAME, SHAPES, Shape
 
 PACKAGE = "k3infra"
 COMPONENT = f"{PACKAGE}:index:K3ServingStack"
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOC_ROWS = "doc_rows.json"          # package data beside this module
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 _FIELD = re.compile(r"^    (\w+)\s*:")
 
@@ -55,7 +61,7 @@ def _rows(text: str, section: str = "") -> dict[str, str]:
     return rows
 
 
-def doc_rows(docs: Path = DOCS) -> dict[str, str]:
+def doc_rows(docs: Path) -> dict[str, str]:
     """The key tables of docs/configuration.md and of each section's page: dotted key
     (no `k3:`) -> its meaning. Rows of an index that only link to a page carry none."""
     rows: dict[str, str] = {}
@@ -66,6 +72,19 @@ def doc_rows(docs: Path = DOCS) -> dict[str, str]:
             for key, meaning in _rows((docs / page).read_text(), section).items():
                 rows.setdefault(key, meaning)
     return rows
+
+
+def packaged_doc_rows() -> dict[str, str]:
+    """`doc_rows` of the docs this package was generated from (its `doc_rows.json`)."""
+    return json.loads(resources.files(__package__).joinpath(DOC_ROWS).read_text(encoding="utf-8"))
+
+
+def write_doc_rows(docs: Path) -> Path:
+    """Regenerate `doc_rows.json` from a checkout's docs/ (run after editing a key table)."""
+    target = Path(__file__).with_name(DOC_ROWS)
+    target.write_text(json.dumps(doc_rows(docs), indent=1, sort_keys=True, ensure_ascii=False)
+                      + "\n", encoding="utf-8")
+    return target
 
 
 def field_comments(model: type[BaseModel]) -> dict[str, str]:
@@ -139,7 +158,7 @@ def describe(shape: Shape, properties: dict[str, dict], rows: dict[str, str]) ->
 
 def complete(schema: dict, description: str) -> dict:
     """The inferred schema with descriptions, defaults and secrets added."""
-    rows = doc_rows()
+    rows = packaged_doc_rows()
     schema["description"] = description
     for name, shape in SHAPES.items():
         if name == ARGS_NAME:
@@ -148,3 +167,10 @@ def complete(schema: dict, description: str) -> dict:
             describe(shape, schema["types"][f"{PACKAGE}:index:{name}"].get("properties") or {},
                      rows)
     return schema
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not Path(sys.argv[1], "configuration.md").is_file():
+        sys.exit("usage: python -m k3infra.plugin.schema <checkout>/docs "
+                 "(the directory that holds configuration.md)")
+    print(write_doc_rows(Path(sys.argv[1])))

@@ -3,6 +3,11 @@ README's snippet), applied to the real API server (tests/e2e/apiserver.py) and
 destroyed: the objects of one instance are all in its namespace, none is shared,
 selects or is owned by the other's, and nothing of either is left afterwards.
 
+Two instances in one namespace the user's program creates (`k3:createNamespace`
+false, docs/component.md "The namespace: who owns it"): both apply, their Pods are
+admitted under the user's `restricted` label, and removing one instance from the
+program deletes its objects only; the other's and the namespace stay.
+
 The program registers the same test-only transform as test_apiserver_stack.py
 (`pulumi.com/waitFor: jsonpath={.metadata.uid}`: no kubelet, nothing becomes Ready, so
 every object is ready once it exists; deletions are still awaited).
@@ -40,23 +45,67 @@ def two_instances_program() -> str:
     return transform[: -len("run()\n")] + components
 
 
-@pytest.fixture
-def consumer(pulumi: Pulumi, cluster, kube, tmp_path) -> Pulumi:
-    """A user's own project outside the repository, pointed at the test server; whatever
-    a failed test leaves is destroyed after it (the server is shared by the session)."""
+SHARED_NAMESPACE = "inference"
+SHARED = ("kimi", "kimi-b")      # the instances in the user's one namespace
+
+
+def shared_namespace_program(instances: tuple[str, ...]) -> str:
+    """The README snippet once per instance, each in the namespace the program itself
+    creates (Pod Security `restricted`, as a user who owns it would label it), with
+    `createNamespace=False` and the user's Namespace in `depends_on`."""
+    program = readme_program()
+    first, rest = program.split("k3 = K3ServingStack(", 1)
+    body = "K3ServingStack(" + rest.split("pulumi.export")[0]
+    owns = "createNamespace=True,   # this instance creates and owns it"
+    end = "), receipt=load_receipt())"
+    assert owns in body and end in body and f'namespace="{SHARED_NAMESPACE}"' in body
+    body = body.replace(owns, "createNamespace=False,").replace(
+        end, "), pulumi.ResourceOptions(depends_on=[user_ns]), receipt=load_receipt())")
+    user_ns = ("import pulumi_kubernetes as k8s\n\n"
+               f'user_ns = k8s.core.v1.Namespace("{SHARED_NAMESPACE}", metadata={{\n'
+               f'    "name": "{SHARED_NAMESPACE}",\n'
+               '    "labels": {"pod-security.kubernetes.io/enforce": "restricted"}})\n')
+    components = "".join(f"k3_{i} = " + body.replace('"kimi"', f'"{name}"', 1)
+                         for i, name in enumerate(instances))
+    exports = ", ".join(f"k3_{i}.endpoint" for i in range(len(instances)))
+    transform = EXISTS_IS_READY_PROGRAM.replace("from k3infra.program import run\n", "")
+    assert transform.endswith("\nrun()\n")
+    return (transform[: -len("run()\n")] + first + user_ns + components
+            + f'pulumi.export("endpoints", [{exports}])\n')
+
+
+def consumer_project(pulumi: Pulumi, cluster, tmp_path, program: str) -> Pulumi:
+    """A user's own project outside the repository, pointed at the test server."""
     d = tmp_path / "consumer"
     d.mkdir()
     (d / "Pulumi.yaml").write_text(
         "name: k3-consumer\nruntime:\n  name: python\n  options:\n"
         f"    toolchain: pip\n    virtualenv: {ROOT / '.venv'}\n")
-    (d / "__main__.py").write_text(two_instances_program())
+    (d / "__main__.py").write_text(program)
     pulumi.cwd = d
     pulumi.extra_env.update(cluster.env())
     pulumi.run("stack", "init", "dev")
     pulumi.run("config", "set", "--secret", "apiKey", API_KEY, show=0)
-    yield pulumi
+    return pulumi
+
+
+def destroy_leftovers(pulumi: Pulumi) -> None:
+    """Whatever a failed test leaves is destroyed after it (the server is shared by the
+    session)."""
     if [r for r in pulumi.state_resources() if r["type"] != "pulumi:pulumi:Stack"]:
         pulumi.run("destroy", "--yes", "--continue-on-error", check=False, show=5)
+
+
+@pytest.fixture
+def consumer(pulumi: Pulumi, cluster, kube, tmp_path) -> Pulumi:
+    yield consumer_project(pulumi, cluster, tmp_path, two_instances_program())
+    destroy_leftovers(pulumi)
+
+
+@pytest.fixture
+def shared_consumer(pulumi: Pulumi, cluster, kube, tmp_path) -> Pulumi:
+    yield consumer_project(pulumi, cluster, tmp_path, shared_namespace_program(SHARED))
+    destroy_leftovers(pulumi)
 
 
 def kinds_of(state: list[dict]) -> list[tuple[str, str]]:
@@ -174,3 +223,69 @@ def test_two_instances_apply_apart_and_destroy_cleanly(consumer: Pulumi, kube):
         time.sleep(1)
     print(f"up {up_s:.1f} s; destroy and namespaces finalized {time.monotonic() - started:.1f} s")
     assert left == [], left
+
+
+def test_two_instances_in_one_user_namespace_apply_and_one_leaves_alone(shared_consumer: Pulumi,
+                                                                       kube):
+    dyn, core = kube
+    started = time.monotonic()
+    shared_consumer.run("up", "--yes", show=15)
+    up_s = time.monotonic() - started
+
+    state = shared_consumer.state_resources()
+    kinds = kinds_of(state)
+    # One Namespace in the state: the user's, a child of the stack, not of an instance.
+    namespaces = [r for r in state if r["type"] == "kubernetes:core/v1:Namespace"]
+    assert [(r["urn"].rsplit("::", 1)[-1], r["parent"].split("::")[-2]) for r in namespaces] \
+        == [(SHARED_NAMESPACE, "pulumi:pulumi:Stack")], namespaces
+    found = {i: objects_of(dyn, i, kinds) for i in SHARED}
+    for instance, objs in found.items():
+        print(f"\n{instance}: {len(objs)} objects: " + ", ".join(sorted(map(where, objs))))
+        assert objs
+        # No instance labels a Namespace: it created none.
+        assert [where(o) for o in objs if o["kind"] == "Namespace"] == []
+        assert {o["metadata"].get("namespace") for o in objs} == {SHARED_NAMESPACE}
+    a, b = ({o["metadata"]["uid"] for o in objs} for objs in found.values())
+    assert a and b and not a & b
+
+    # The controllers' Pods of both instances are admitted under the user's label.
+    labels = core.read_namespace(SHARED_NAMESPACE).metadata.labels or {}
+    assert labels.get("pod-security.kubernetes.io/enforce") == "restricted", labels
+    deadline = time.monotonic() + 60
+    pods = {}
+    while time.monotonic() < deadline:
+        pods = {i: [p.metadata.name for p in core.list_namespaced_pod(
+            SHARED_NAMESPACE, label_selector=f"{INSTANCE_LABEL}={i}").items] for i in SHARED}
+        if all(pods.values()):
+            break
+        time.sleep(1)
+    print(f"pods admitted in {SHARED_NAMESPACE} (restricted): {pods}")
+    assert all(pods.values()), pods
+
+    # Remove the second instance from the program: `up` deletes its objects only.
+    kept, removed = SHARED
+    (shared_consumer.cwd / "__main__.py").write_text(shared_namespace_program((kept,)))
+    started = time.monotonic()
+    shared_consumer.run("up", "--yes", show=15)
+    deadline = time.monotonic() + 120
+    while (left := objects_of(dyn, removed, kinds)) and time.monotonic() < deadline:
+        time.sleep(1)
+    print(f"{removed} removed in {time.monotonic() - started:.1f} s (up {up_s:.1f} s); "
+          f"left: {[where(o) for o in left]}")
+    assert left == []
+    # The other instance's objects are the same objects (uids), and the namespace is
+    # still there and not terminating.
+    still = objects_of(dyn, kept, kinds)
+    created_by_pulumi = {o["metadata"]["uid"] for o in found[kept] if o["kind"] != "Pod"}
+    assert created_by_pulumi <= {o["metadata"]["uid"] for o in still}, \
+        sorted(where(o) for o in found[kept] if o["metadata"]["uid"] not in
+               {s["metadata"]["uid"] for s in still})
+    assert core.read_namespace(SHARED_NAMESPACE).status.phase == "Active"
+    assert [r for r in shared_consumer.state_resources()
+            if f"K3ServingStack::{removed}" in r["urn"]] == []
+
+    shared_consumer.run("destroy", "--yes", show=10)
+    deadline = time.monotonic() + 120
+    while (left := objects_of(dyn, kept, kinds)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left == [], [where(o) for o in left]

@@ -108,7 +108,7 @@ def python_refusal(**bad) -> str:
 
     args = {"weightsRevision": REVISION, "apiKey": API_KEY, "engineImage": IMAGE,
             "serving": {"proxyImage": PROXY_IMAGE}, "acceptModelLicense": True,
-            "namespace": "inference", **bad}
+            "namespace": "inference", "createNamespace": True, **bad}
     with pytest.raises(ConfigError) as err:
         parse_stack_config(args, receipt=load_receipt())
     return str(err.value)

@@ -18,6 +18,7 @@ func main() {
 			},
 			AcceptModelLicense: pulumi.BoolRef(true),
 			Namespace:          pulumi.StringRef("inference"),
+			CreateNamespace:    pulumi.BoolRef(true),
 		})
 		if err != nil {
 			return err

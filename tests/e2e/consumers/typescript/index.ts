@@ -11,5 +11,6 @@ const k3 = new k3infra.K3ServingStack("kimi", {
     },
     acceptModelLicense: true,
     namespace: "inference",
+    createNamespace: true,
 });
 export const endpoint = k3.endpoint;
