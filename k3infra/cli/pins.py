@@ -56,7 +56,7 @@ def _pins(args: argparse.Namespace) -> int:
     table = Table("key", "current", "resolved", "state", "source",
                   title=f"k3infra pins: stack {args.stack} ({path.relative_to(root)})")
     for pin in pins:
-        table.add_row(pin.key, _show(pin.current), _show(pin.resolved), pin.state, pin.source)
+        table.add_row(pin.key, _show(pin.current), _show(pin.resolved, "-"), pin.state, pin.source)
     console.print(table)
 
     if args.check:
@@ -66,9 +66,12 @@ def _pins(args: argparse.Namespace) -> int:
         _write(console, path, raw, secrets, receipt, writable)
     elif writable:
         console.print(f"{len(writable)} value(s) resolved; nothing written (--write records them)")
+    for pin in pins:        # whole, not wrapped in a cell: what to do next
+        if pin.state in (p.UNRESOLVED, p.CHOICE) and pin.source:
+            console.print(f"{pin.state}: {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
     moved = [pin for pin in pins if pin.state == p.MOVED]
     for pin in moved:
-        console.print(f"[red]moved:[/red] {pin.key}: {pin.source}", highlight=False)
+        console.print(f"[red]moved:[/red] {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
     return 1 if moved else 0
 
 
@@ -92,7 +95,8 @@ def _resolve(cfg, receipt, args, root: Path) -> list:
                     p.cidrs_pin(cfg, lambda: cluster.discovery_api(args.kubeconfig))):
             if pin is not None:
                 pins.append(pin)
-        pins += p.lock_pins(cfg, root / "images")
+        full = commit.resolved if commit is not None and commit.state != p.MOVED else None
+        pins += p.lock_pins(cfg, root / "images", full or cfg.engine.commit)
     return pins
 
 
@@ -103,7 +107,7 @@ def _check(console, pins) -> int:
            or (pin.state == p.UNRESOLVED and pin.current and pin.resolved is None
                and "not pinned yet" not in pin.source)]
     for pin in bad:
-        console.print(f"[red]refused:[/red] {pin.key}: {pin.source}", highlight=False)
+        console.print(f"[red]refused:[/red] {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
     if not bad:
         checked = sum(pin.state == p.PINNED for pin in pins)
         console.print(f"{checked} recorded pin(s) still name what was measured")
@@ -139,9 +143,9 @@ def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
                   + ", ".join(pin.key for pin in writable), highlight=False)
 
 
-def _show(value) -> str:
+def _show(value, none: str = "unset") -> str:
     if value is None:
-        return "unset"
+        return none
     if isinstance(value, list):
         return ", ".join(value)
     return str(value)

@@ -169,12 +169,12 @@ def cidrs_pin(cfg: StackConfig, api_factory: Callable) -> Optional[Pin]:
     return pin
 
 
-def lock_pins(cfg: StackConfig, recipe) -> list[Pin]:
+def lock_pins(cfg: StackConfig, recipe, commit: Optional[str]) -> list[Pin]:
     from k3infra.engine.component import lock_gates
 
     if cfg.engine.build == "prebuilt":
         return []
-    commit = cfg.engine.commit or "<k3:engine.commit>"
+    commit = commit or "<k3:engine.commit>"
     return [Pin(g.key, "missing", state=NOT_DONE,
                 source=(f"not compiled here: `uv pip compile --generate-hashes` needs the engine "
                         f"source at {commit} (its requirements/*.txt; this command reads refs, "

@@ -12,7 +12,11 @@ class StackWriteError(RuntimeError):
 
 
 def _yaml():
-    from ruamel.yaml import YAML
+    try:
+        from ruamel.yaml import YAML
+    except ImportError:
+        raise StackWriteError("--write needs ruamel.yaml: pip install -c constraints.txt "
+                              "-e '.[pins]'") from None
 
     yaml = YAML()               # round-trip mode: comments, order, quoting kept
     yaml.preserve_quotes = True
