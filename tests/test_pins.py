@@ -434,3 +434,10 @@ def test_an_absent_pr_ref_is_refused(tmp_path):
         gitref.resolve_pr_head(f"file://{tmp_path}/empty.git", 9, "f68f4fdd")
     with pytest.raises(gitref.RefError, match=r"git ls-remote file:///nonexistent.git refs/pull/9/head failed \(128\)"):
         gitref.resolve_pr_head("file:///nonexistent.git", 9, "f68f4fdd")
+
+
+@needs_ruamel
+@pytest.mark.parametrize("template", sorted((ROOT / "stacks/examples").glob("Pulumi.*.yaml")),
+                         ids=lambda p: p.name)
+def test_write_of_nothing_is_byte_identical(template):
+    assert stackwrite.set_values(template, []) == template.read_text()

@@ -66,7 +66,7 @@ def _digest(image: str) -> Optional[str]:
 
 def image_pin(key: str, image: str, resolve: Callable) -> Pin:
     from k3infra.gates import is_placeholder
-    from k3infra.pins.oci import ResolveError, parse_ref
+    from k3infra.pins.oci import NODE_PLATFORM, ResolveError, parse_ref
 
     pin = Pin(key, image, path=key_path(key))
     try:
@@ -76,7 +76,7 @@ def image_pin(key: str, image: str, resolve: Callable) -> Pin:
         pin.source = str(exc)
         return pin
     pin.resolved = f"{ref.name}@{got.digest}"
-    kind = f"index, {'linux/amd64'} present" if got.platforms else "manifest"
+    kind = f"index, {'/'.join(NODE_PLATFORM)} present" if got.platforms else "manifest"
     pin.source = f"{ref.base_url}/v2/{ref.repository}/manifests/{ref.tag} ({kind})"
     if is_placeholder(image):
         pin.state = RESOLVED
