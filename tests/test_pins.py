@@ -441,3 +441,16 @@ def test_an_absent_pr_ref_is_refused(tmp_path):
                          ids=lambda p: p.name)
 def test_write_of_nothing_is_byte_identical(template):
     assert stackwrite.set_values(template, []) == template.read_text()
+
+
+def test_write_refuses_a_shipped_template(tmp_path, monkeypatch, capsys):
+    """Before anything is resolved: the template is tracked, the user's copy is theirs."""
+    (tmp_path / "stacks/examples").mkdir(parents=True)
+    (tmp_path / "Pulumi.yaml").write_text("name: k3infra\n")
+    (tmp_path / "__main__.py").write_text("")
+    shutil.copy(ROOT / "stacks/examples/Pulumi.existing.yaml", tmp_path / "stacks/examples")
+    monkeypatch.chdir(tmp_path)
+    rc, out = _pins(capsys, "--write")
+    assert rc == 2
+    assert out == ("k3infra pins: --write: stacks/examples/Pulumi.existing.yaml is a shipped "
+                   "template; copy it first: cp stacks/examples/Pulumi.existing.yaml stacks/\n")
