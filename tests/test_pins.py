@@ -454,3 +454,28 @@ def test_write_refuses_a_shipped_template(tmp_path, monkeypatch, capsys):
     assert rc == 2
     assert out == ("k3infra pins: --write: stacks/examples/Pulumi.existing.yaml is a shipped "
                    "template; copy it first: cp stacks/examples/Pulumi.existing.yaml stacks/\n")
+
+
+def test_an_image_pinned_by_digest_alone_is_left_alone():
+    from k3infra.pins import NOT_DONE, image_pin
+
+    def resolve(image):
+        raise AssertionError("nothing to ask a registry")
+
+    pin = image_pin("k3:accuracy.image", "127.0.0.1:5000/k3/lm-eval@sha256:" + "a" * 64, resolve)
+    assert (pin.state, pin.source) == (NOT_DONE, "pinned by digest alone: no tag to re-resolve")
+
+
+@needs_ruamel
+def test_a_resolved_value_the_config_refuses_is_not_written(loopback, capsys, monkeypatch):
+    """The written file is parsed by the config models first: a bad value stops it."""
+    from k3infra.pins import oci as oci_mod
+
+    real = oci_mod.resolve
+    monkeypatch.setattr(oci_mod, "resolve", lambda image: real(image) if "uv" not in image
+                        else oci_mod.Resolved("sha256:" + "A" * 64, "x", ()))
+    before = loopback.stack.read_text()
+    rc, out = _pins(capsys, "--write")
+    assert rc == 2 and loopback.stack.read_text() == before
+    assert out.splitlines()[-1].startswith("k3infra pins: not written: k3:engine")
+    assert "must be pinned by digest" in out.splitlines()[-1]

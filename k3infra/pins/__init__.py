@@ -69,6 +69,9 @@ def image_pin(key: str, image: str, resolve: Callable) -> Pin:
     from k3infra.pins.oci import NODE_PLATFORM, ResolveError, parse_ref
 
     pin = Pin(key, image, path=key_path(key))
+    if "@" in image and ":" not in image.split("@", 1)[0].rsplit("/", 1)[-1]:
+        pin.state, pin.source = NOT_DONE, "pinned by digest alone: no tag to re-resolve"
+        return pin
     try:
         ref = parse_ref(image)
         got = resolve(image)
