@@ -127,6 +127,12 @@ NOT_RUN: dict[str, list[str]] = {
         "docker run --rm --entrypoint cat <image> /usr/share/k3-engine/engine-wheel.json",
     ],
     NETWORK: [
+        # docs/pins.md: the image registries, GitHub, the Hub and the cluster
+        # (tests/test_pins.py runs them against loopback servers)
+        "k3infra pins --stack existing",
+        "k3infra pins --stack existing --write",
+        "k3infra pins --stack existing --write --take-revision",
+        "k3infra pins --stack existing --check",
         ".venv/bin/pip install -e '.[aws]'",
         ".venv/bin/pip install -e '.[oci]'",
         ".venv/bin/pip install -e '.[nebius]'",

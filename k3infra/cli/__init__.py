@@ -20,6 +20,7 @@ COMMANDS = {
     "verify": ("k3infra.cli.verify", "check a live deployment against the receipt"),
     "startup": ("k3infra.cli.startup", "the last cold start's phases against their budgets"),
     "engine": ("k3infra.cli.engine", "engine image: build args and plan from the receipt"),
+    "pins": ("k3infra.cli.pins", "resolve, record and check every pin of a stack"),
 }
 
 

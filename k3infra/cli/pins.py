@@ -1,0 +1,151 @@
+"""`k3infra pins [--stack NAME] [--write] [--take-revision] [--check]`: resolve every pin
+the render warns about (image digests, the engine commit, the Hub revision, the API
+server's CIDRs), show them, and with --write record them in stacks/Pulumi.<stack>.yaml.
+`--check` (CI) re-resolves the recorded tags and PR head and fails on a moved one."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_STACK = "existing"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", default=DEFAULT_STACK,
+                        help=f"stacks/Pulumi.<stack>.yaml (default: {DEFAULT_STACK})")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true",
+                      help="record the resolved values in the stack file (comments kept)")
+    mode.add_argument("--check", action="store_true",
+                      help="re-resolve recorded tags and the PR head; exit 1 naming a moved one")
+    parser.add_argument("--take-revision", action="store_true",
+                        help="take the Hub branch's commit today as k3:weightsRevision")
+    parser.add_argument("--branch", default="main", help="the Hub branch offered (default: main)")
+    parser.add_argument("--kubeconfig", help="the cluster for the API server's CIDRs "
+                        "(default: $KUBECONFIG, ~/.kube/config)")
+    parser.set_defaults(func=_pins)
+
+
+def _pins(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    import k3infra.pins as p
+    from k3infra.cli import UsageError
+    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.config.stackfile import STACK_DIR, stack_file
+    from k3infra.receipt import load_receipt
+    from k3infra.render import load_config, project_root
+
+    console = Console()
+    root = project_root()
+    path = stack_file(args.stack, root)
+    if not path.is_file():
+        raise UsageError(f"--stack {args.stack}: no {path}")
+    receipt = load_receipt()
+    raw, secrets = load_config(args.stack, [], root)   # as `render` reads it
+    try:
+        cfg = parse_stack_config(raw, tuple(secrets), receipt=receipt)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.write and path.parent != root / STACK_DIR:
+        raise UsageError(f"--write: {path.relative_to(root)} is a shipped template; copy it "
+                         f"first: cp {path.relative_to(root)} {STACK_DIR}/")
+
+    pins = _resolve(cfg, receipt, args, root)
+    table = Table("key", "current", "resolved", "state", "source",
+                  title=f"k3infra pins: stack {args.stack} ({path.relative_to(root)})")
+    for pin in pins:
+        table.add_row(pin.key, _show(pin.current), _show(pin.resolved, "-"), pin.state, pin.source)
+    console.print(table)
+
+    if args.check:
+        return _check(console, pins)
+    writable = [pin for pin in pins if pin.writable]
+    if args.write and writable:
+        _write(console, path, raw, secrets, receipt, writable)
+    elif writable:
+        console.print(f"{len(writable)} value(s) resolved; nothing written (--write records them)")
+    for pin in pins:        # whole, not wrapped in a cell: what to do next
+        if pin.state in (p.UNRESOLVED, p.CHOICE) and pin.source:
+            console.print(f"{pin.state}: {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
+    moved = [pin for pin in pins if pin.state == p.MOVED]
+    for pin in moved:
+        console.print(f"[red]moved:[/red] {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
+    return 1 if moved else 0
+
+
+def _resolve(cfg, receipt, args, root: Path) -> list:
+    import k3infra.pins as p
+    from k3infra.gates import is_placeholder
+    from k3infra.pins import cluster, gitref, hub, oci
+
+    check = args.check
+    pins = []
+    for key, image in p.image_pins(cfg):
+        if check and is_placeholder(image):
+            pins.append(p.Pin(key, image, state=p.UNRESOLVED, source="not pinned yet: nothing to check"))
+            continue
+        pins.append(p.image_pin(key, image, oci.resolve))
+    commit = p.engine_commit_pin(cfg, receipt, gitref.ls_remote)
+    if commit is not None and not (check and commit.current is None):
+        pins.append(commit)
+    if not check:
+        for pin in (p.revision_pin(cfg, receipt, hub.branch_commit, args.branch, args.take_revision),
+                    p.cidrs_pin(cfg, lambda: cluster.discovery_api(args.kubeconfig))):
+            if pin is not None:
+                pins.append(pin)
+        full = commit.resolved if commit is not None and commit.state != p.MOVED else None
+        pins += p.lock_pins(cfg, root / "images", full or cfg.engine.commit)
+    return pins
+
+
+def _check(console, pins) -> int:
+    import k3infra.pins as p
+
+    bad = [pin for pin in pins if pin.state == p.MOVED
+           or (pin.state == p.UNRESOLVED and pin.current and pin.resolved is None
+               and "not pinned yet" not in pin.source)]
+    for pin in bad:
+        console.print(f"[red]refused:[/red] {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
+    if not bad:
+        checked = sum(pin.state == p.PINNED for pin in pins)
+        console.print(f"{checked} recorded pin(s) still name what was measured")
+    return 1 if bad else 0
+
+
+def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
+    import tempfile
+
+    from k3infra.cli import UsageError
+    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.config.stackfile import read_stack_file
+    from k3infra.pins.stackwrite import StackWriteError, set_values
+
+    try:
+        text = set_values(path, [(pin.path, pin.resolved) for pin in writable])
+    except StackWriteError as exc:
+        raise UsageError(str(exc)) from None
+    # The written file is validated as a hand-typed one would be, before it replaces the old.
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = Path(tmp) / path.name
+        candidate.write_text(text)
+        new_raw, new_secrets = read_stack_file(candidate)
+    for key in set(raw) - set(new_raw):        # the API key render stands in for
+        new_raw[key] = raw[key]
+        new_secrets.append(key)
+    try:
+        parse_stack_config(new_raw, tuple(new_secrets), receipt=receipt)
+    except ConfigError as exc:
+        raise UsageError(f"not written: {exc}") from None
+    path.write_text(text)
+    console.print(f"wrote {len(writable)} value(s) to {path}: "
+                  + ", ".join(pin.key for pin in writable), highlight=False)
+
+
+def _show(value, none: str = "unset") -> str:
+    if value is None:
+        return none
+    if isinstance(value, list):
+        return ", ".join(value)
+    return str(value)

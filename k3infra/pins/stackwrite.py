@@ -1,0 +1,67 @@
+"""Setting pinned values in a Pulumi stack file, keeping its comments, order and every
+other value (`secure:` ciphertexts included) byte for byte: ruamel.yaml's round trip."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+
+class StackWriteError(RuntimeError):
+    """The stack file cannot take the value where it belongs; the message says why."""
+
+
+def _yaml():
+    try:
+        from ruamel.yaml import YAML
+    except ImportError:
+        raise StackWriteError("--write needs ruamel.yaml: pip install -c constraints.txt "
+                              "-e '.[pins]'") from None
+
+    yaml = YAML()               # round-trip mode: comments, order, quoting kept
+    yaml.preserve_quotes = True
+    yaml.width = 4096           # never fold a long image reference
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def set_values(path: Path, values: list[tuple[tuple[str, ...], Any]]) -> str:
+    """The stack file's text with each (config path, value) set; objects created as
+    needed under `config:`. Returns the new text; the caller writes it."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    yaml = _yaml()
+    doc = yaml.load(path.read_text())
+    if doc is None:
+        doc = CommentedMap()
+    config = doc.setdefault("config", CommentedMap())
+    for keys, value in values:
+        cursor = config
+        for i, part in enumerate(keys[:-1]):
+            nxt = cursor.get(part)
+            if nxt is None:
+                nxt = cursor[part] = CommentedMap()
+            elif isinstance(nxt, str):
+                raise StackWriteError(f"{path}: {'.'.join(keys[:i + 1])} is a JSON string; "
+                                      f"write it as a YAML object to let pins set {'.'.join(keys)}")
+            elif not isinstance(nxt, dict) or set(nxt) == {"secure"}:
+                raise StackWriteError(f"{path}: {'.'.join(keys[:i + 1])} is not an object")
+            cursor = nxt
+        cursor[keys[-1]] = CommentedSeq(map(_scalar, value)) if isinstance(value, list) else _scalar(value)
+    out = io.StringIO()
+    yaml.dump(doc, out)
+    return out.getvalue()
+
+
+def _scalar(value: Any) -> Any:
+    """A string YAML would read back as something else (a commit of digits and one `e`
+    is a float) is written double-quoted."""
+    import yaml
+    from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
+    if isinstance(value, str) and yaml.safe_load(value) != value:
+        return DoubleQuotedScalarString(value)
+    return value
+
+
+__all__ = ["set_values", "StackWriteError"]
