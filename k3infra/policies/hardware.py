@@ -109,8 +109,11 @@ gpu_product = ResourceValidationPolicy(
             "type": "array", "items": {"type": "string"}, "minItems": 1,
             "default": [_receipt().hardware.gpu_product_label],
             "description": "nvidia.com/gpu.product values serving pods may run on"},
+        # Empty for a receipt with no 4-GPU product (then no group is allowed): the CLI
+        # validates the defaults against this schema, so no minItems here (found by the
+        # node tier's test receipt, tests/e2e/test_node_stack.py).
         "allowedMultiNodeProducts": {
-            "type": "array", "items": {"type": "string"}, "minItems": 1,
+            "type": "array", "items": {"type": "string"},
             "default": _multi_node_products(),
             "description": "nvidia.com/gpu.product values the pods of a multi-node group "
                            "(LeaderWorkerSet) may run on"}}),

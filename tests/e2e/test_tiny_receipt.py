@@ -155,3 +155,38 @@ def test_hub_serves_the_tree_at_a_40_hex_revision_on_a_given_host(written, tmp_p
         assert {h.role for h in hub.hits} == {"hub", "cdn"}
     assert hub_loopback.read_tree(tmp_path / "got") == hub_loopback.read_tree(tree)
     assert len(hub_loopback.tree_commit(hub_loopback.read_tree(tree))) == 40
+
+
+SCHEMA_CHECK = """
+import json, jsonschema
+from k3infra.policies import POLICIES
+bad = []
+for p in POLICIES:
+    schema = getattr(p, "config_schema", None)
+    if schema is None:
+        continue
+    props = schema.properties or {}
+    defaults = {k: v["default"] for k, v in props.items() if "default" in v}
+    try:
+        jsonschema.validate(defaults, {"type": "object", "properties": props,
+                                       "required": list(schema.required or [])})
+    except jsonschema.ValidationError as exc:
+        bad.append(f"{p.name}: {exc.message}")
+print(json.dumps(bad))
+"""
+
+
+@pytest.mark.parametrize("chosen", ["shipped", "test"])
+def test_every_policy_default_config_fits_its_schema(written, chosen):
+    """The Pulumi CLI validates each policy's default config against its schema before
+    a preview: with the test receipt (no 4-GPU product) `allowedMultiNodeProducts` was
+    `[]` under `minItems: 1`, and `pulumi up --policy-pack` stopped (the node tier)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "K3INFRA_RECEIPT"}
+    if chosen == "test":
+        env["K3INFRA_RECEIPT"] = str(written[1])
+    done = subprocess.run([sys.executable, "-c", SCHEMA_CHECK], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
