@@ -89,6 +89,9 @@ HEX40 = r"[0-9a-f]{40}"
 HEX64 = r"[0-9a-f]{64}"
 Commit, COMMIT = pattern(HEX40, "must be a 40-hex commit (lowercase); a branch or tag such "
                          "as 'main' is never accepted: the receipt pins bytes")
+# The Hub revision of the weights: the same form, said in the Hub's words.
+HubCommit, HUB_COMMIT = pattern(HEX40, "must be a 40-hex Hub commit (lowercase); a branch or "
+                                "tag such as 'main' is never accepted: the receipt pins bytes")
 Sha256Hex, SHA256_HEX = pattern(HEX64, "must be 64 lowercase hex characters (a SHA-256)")
 Sha256Digest, SHA256_DIGEST = pattern("sha256:" + HEX64, "must be sha256:<64 lowercase hex>")
 DIGEST_IMAGE_REGEX = r"[a-z0-9][a-z0-9._/:-]*@sha256:" + HEX64

@@ -324,7 +324,9 @@ def test_a_weights_volume_smaller_than_the_tree_is_refused_by_the_preflight():
     cfg = parse_stack_config({**BASE, "k3:weights": {"sizeGi": 100}}, receipt=R)
     with pytest.raises(PreflightError) as exc:
         run_preflight(cfg, R)
-    assert str(exc.value).startswith("k3:weights.sizeGi = 100: 107.4 GB cannot hold the 1561.0 GB tree")
+    assert str(exc.value).startswith(
+        "k3:weights.sizeGi = 100: a weights volume of 100 Gi (107.4 GB) cannot hold 2 x "
+        "1561.0 GB of weights")
 
 
 @pytest.mark.parametrize("text,needle", [

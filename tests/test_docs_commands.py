@@ -89,6 +89,9 @@ SUITE = "the test suite itself (this test runs inside it)"
 ENGINE = "builds the Pulumi engine from Go modules (network; tens of minutes): make e2e"
 MINUTES = "a benchmark of minutes, not part of make test"
 LOCKS = "a step of regenerating images/*.lock from PyPI and the PyTorch index (network)"
+GPU = ("needs a CUDA host with vLLM (benchmarks/gpu_start.py; the device tool's H200) or the "
+       "vLLM CPU venv of the benchmark's --cpu run, and minutes")
+OWN_RECEIPT = "needs your own receipt file (one `k3infra bench receipt` wrote)"
 NOT_RUN: dict[str, list[str]] = {
     SUITE: ["make test"],
     PULUMI: [
@@ -182,6 +185,26 @@ NOT_RUN: dict[str, list[str]] = {
     LOCKS: ['IDX="--index-url https://pypi.org/simple --extra-index-url '
             'https://download.pytorch.org/whl/cu130"',
             "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt"],
+    GPU: [
+        'G="python3 benchmarks/gpu_start.py --work /root/k3gpu"',
+        "$G prepare --shape 5120,48,13824 --mkmodel ../shared/gpu/mkmodel.py --engine-wheel vllm-0.25.0-*.whl",
+        "$G start --restart new-node", "$G proxy", "$G bench",
+        "$G start --restart same-pod", "$G start --restart new-pod",
+        '$G start --gate-mode stamps --stop-after-load --restart same-pod --drop-cache '
+        '--load-format "--load-format fastsafetensors"',
+        "$G table",
+        'G="nice -n 10 /work/vllm-cpu/bin/python benchmarks/gpu_start.py --work /tmp/k3cpu/work"',
+        "export VLLM_CPU_KVCACHE_SPACE=1",
+        "$G prepare --model-dir /tmp/k3cpu/model --shape 256,2,512 --cpu --engine-commit 0000000",
+        "$G start --restart new-node; $G proxy --nginx-root /; $G bench --concurrencies 1",
+        "$G start --restart same-pod; $G table; $G stop",
+    ],
+    OWN_RECEIPT: [
+        "export K3INFRA_RECEIPT=$PWD/receipts/my-node-2026-08-01.yaml",
+        "k3infra receipt show",
+        "k3infra render && k3infra policy check build/render/existing",
+        "pulumi up --policy-pack policy/",
+    ],
     MINUTES: [
         ".venv/bin/python benchmarks/weights_bench.py",
         ".venv/bin/python benchmarks/fill_bench.py",

@@ -10,7 +10,7 @@ from k3infra.config.base import (SECRET_PLACEHOLDER, PROXY_IMAGE, Secret, _Secti
 from k3infra.config.pools import NodePoolConfig
 from k3infra.fieldtypes import (
     API_KEY, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsLabel,
-    DnsSubdomain, DockerTag, EnvName, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
+    DnsSubdomain, DockerTag, EnvName, HubCommit, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
     IpAddress, Labels, LabelValue, Percent, Port, Replicas, Repository,
     ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
     LABEL_KEY_REGEX, integer, number, pattern)
@@ -618,7 +618,7 @@ class MultiNodeConfig(_Section):
 class StackConfig(_Section):
     """All `k3:*` keys. Field aliases are the config key names."""
 
-    weights_revision: Commit = Field(alias="weightsRevision")
+    weights_revision: HubCommit = Field(alias="weightsRevision")
     # None: the receipt's GPU (filled in by parse_stack_config from the receipt given).
     gpu_product: Optional[LabelValue] = Field(default=None, alias="gpuProduct")
     gpu_memory_gib: Optional[number(gt=0, le=16384)] = Field(default=None, alias="gpuMemoryGib")

@@ -58,6 +58,8 @@ CONTROLLERS = (
     # Ready, Services get EndpointSlices (kube-proxy and CoreDNS read them), claims bind
     # to the static volumes, and a finished Pod of a deleted owner is collected.
     "node-lifecycle-controller",
+    "daemonset-controller",        # the engine image's pre-pull DaemonSet rolls out
+    "deployment-controller", "replicaset-controller",   # in-cluster weights sources
     "root-ca-certificate-publisher-controller",   # kube-root-ca.crt for token volumes
     "endpointslice-controller",
     "persistentvolume-binder-controller",
