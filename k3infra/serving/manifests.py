@@ -351,6 +351,11 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
                                                       BUDGET_ANNOTATION: budget.annotation()}},
                          "spec": pod_spec},
             "volumeClaimTemplates": [cache_claim, *weights.claim_templates],
+            # The claims the controller makes from the templates go with the StatefulSet:
+            # without this, destroying an instance in a namespace it does not own left its
+            # compile-cache claim behind (tests/e2e/test_apiserver_instances.py).
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete",
+                                                     "whenScaled": "Retain"},
         },
     }
 
