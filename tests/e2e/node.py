@@ -100,6 +100,19 @@ class Node:
         return path
 
 
+def wait_for(what: str, check, timeout: float, interval: float = 1.0):
+    """check()'s first truthy value within `timeout` seconds; else AssertionError naming
+    `what` and the last value (a test's wait for a pod, a Service, a rollout)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last!r})")
+
+
 def _sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name.replace(".", "/")
 

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from node import GPU_RESOURCE, GPUS, node_fixture
+from node import GPU_RESOURCE, GPUS, node_fixture, wait_for
 
 pytest_plugins = ["apiserver"]
 pytestmark = [pytest.mark.e2e, pytest.mark.node]
@@ -34,15 +34,6 @@ http {
 """
 
 
-def wait_for(what: str, check, timeout: float = 120.0, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last!r})")
 
 
 def test_a_pod_by_digest_a_service_and_dns(node):

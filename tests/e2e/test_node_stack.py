@@ -40,7 +40,7 @@ import hub_loopback
 import tiny_moe
 from engine import Pulumi, copy_project, install_provider
 from engine import engine_bin  # noqa: F401  (fixture)
-from node import GPU_RESOURCE, STORAGE_CLASS, node_fixture
+from node import GPU_RESOURCE, STORAGE_CLASS, node_fixture, wait_for
 
 pytest_plugins = ["apiserver"]
 pytestmark = [pytest.mark.e2e, pytest.mark.node]
@@ -66,15 +66,6 @@ not_yet_passed = pytest.mark.skipif(
 
 # --- small helpers ------------------------------------------------------------------
 
-def wait_for(what: str, check, timeout: float, interval: float = 2.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last!r})")
 
 
 def core(node):
