@@ -62,6 +62,7 @@ CONTROLLERS = (
     "deployment-controller", "replicaset-controller",   # in-cluster weights sources
     "root-ca-certificate-publisher-controller",   # kube-root-ca.crt for token volumes
     "endpointslice-controller",
+    "endpoints-controller",        # pulumi-kubernetes awaits a Service's Endpoints
     "persistentvolume-binder-controller",
     "persistentvolume-protection-controller",
     "pod-garbage-collector-controller",
