@@ -25,7 +25,9 @@ cleanup() {
   ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
   ip netns del "$ns"
   for n in $(ls /run/netns 2>/dev/null); do
-    case "$n" in cni-*) grep -qx "$n" <<<"$before" || ip netns del "$n" 2>/dev/null || rm -f "/run/netns/$n" ;; esac
+    case "$n" in cni-*) grep -qx "$n" <<<"$before" || {
+      ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+      ip netns del "$n" 2>/dev/null || rm -f "/run/netns/$n"; } ;; esac
   done
 }
 ip netns add "$ns"
