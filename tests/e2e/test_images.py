@@ -246,7 +246,8 @@ def test_the_proxy_image_runs_nginx_as_the_pod_does(layouts, runc, tmp_path):
     container = proxy.container(cfg, "proxy-conf")
     conf = tmp_path / "conf"
     conf.mkdir()
-    for name, text in proxy.secret_files(cfg, KEY).items():
+    # The pod's projected volume: the ConfigMap's nginx.conf and the Secret's key map.
+    for name, text in {**proxy.config_files(cfg), **proxy.secret_files(KEY)}.items():
         (conf / name).write_text(text)
         os.chmod(conf / name, 0o444)
     bundle = tmp_path / "proxy"
