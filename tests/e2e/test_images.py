@@ -146,8 +146,11 @@ def test_images_on_base_add_one_layer_to_its_layer(layouts):
 
 
 def unpack(layout: Path, bundle: Path) -> dict:
-    subprocess.run(["umoci", "unpack", "--image", f"{layout}:latest", str(bundle)],
-                   check=True, capture_output=True, timeout=600)
+    done = subprocess.run(["umoci", "unpack", "--image", f"{layout}:latest", str(bundle)],
+                          capture_output=True, text=True, timeout=600)
+    free = shutil.disk_usage(bundle.parent).free / 2**30
+    assert done.returncode == 0, (f"umoci unpack {layout.name} into {bundle} failed "
+                                  f"({free:.1f} GiB free there): {done.stderr[-2000:]}")
     return json.loads((bundle / "config.json").read_text())
 
 
