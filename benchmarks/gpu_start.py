@@ -130,9 +130,11 @@ def engine_version(dry: bool, commit: str | None = None) -> tuple[str, str]:
     if dry:
         return "0.0.0", commit or "0000000"
     import vllm
+    from vllm import _version
 
-    # vLLM 0.25.0's wheel says 'gdd10e03f9' (git describe's g prefix).
-    commit = commit or (getattr(vllm, "__commit_id__", None) or "").lstrip("g")
+    # vLLM 0.25.0's wheel says 'gdd10e03f9' in vllm/_version.py (git describe's g prefix);
+    # the package's lazy __getattr__ does not re-export it.
+    commit = commit or (getattr(_version, "__commit_id__", None) or "").lstrip("g")
     if not commit:
         raise SystemExit(f"vLLM {vllm.__version__} reports no commit (vllm.__commit_id__); "
                          "pass --engine-commit <7-40 hex> for the test receipt")
@@ -333,7 +335,7 @@ with open(log, "a") as out:
         out.flush()
         if stop and stop in line:
             stop = ""
-            os.killpg(os.getpgrp(), signal.SIGTERM)
+            os.killpg(os.getpgrp(), signal.SIGKILL)   # only the load is measured: no 40 s shutdown
 sys.exit(p.wait())
 """
 
@@ -443,7 +445,10 @@ def cmd_proxy(a) -> None:
         return
     os.chmod(pdir, 0o755)
     log = open(work / "proxy.log", "w")
-    p = subprocess.Popen([nginx, "-e", "stderr", "-c", pdir / "nginx.conf", "-g", "daemon off;"],
+    # The pod's nginx runs as one non-root user; as root here, the workers would drop to
+    # `nobody` and could not write the request-body buffers (a 35K-token POST) under /root.
+    glob = "daemon off; user root;" if os.geteuid() == 0 else "daemon off;"
+    p = subprocess.Popen([nginx, "-e", "stderr", "-c", pdir / "nginx.conf", "-g", glob],
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     st["proxy_pgid"] = p.pid
     save(work, st)

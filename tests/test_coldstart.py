@@ -44,14 +44,14 @@ def rendered_deadlines(r) -> dict:
 def test_default_stack_budgets_are_the_documented_numbers():
     """The receipt's 1561.0 GB with every k3:coldStart default (docs/coldstart.md)."""
     d = rendered_deadlines(render("existing", PIN))
-    assert d["budgets"] == {"pull": 900, "gate": 1171, "load": 1561, "compile": 1800,
-                            "profiling": 270, "engine": 3631, "probe": 4870}
-    assert d["engine"] == 3631
+    assert d["budgets"] == {"pull": 900, "gate": 1171, "startup": 120, "load": 1561,
+                            "compile": 1800, "profiling": 270, "engine": 3751, "probe": 4990}
+    assert d["engine"] == 3751
     assert d["vllm"]["startupProbe"]["periodSeconds"] == 10
-    assert d["vllm"]["startupProbe"]["failureThreshold"] == 487
+    assert d["vllm"]["startupProbe"]["failureThreshold"] == 499
     assert "initialDelaySeconds" not in d["vllm"]["startupProbe"]
-    # pull 900 + probe 4870 + 1800 s scheduling, in whole minutes: 7570 s -> 127 min.
-    assert d["await_create"] == d["await_update"] == 127 * 60
+    # pull 900 + probe 4990 + 1800 s scheduling, in whole minutes: 7690 s -> 129 min.
+    assert d["await_create"] == d["await_update"] == 129 * 60
 
 
 @pytest.mark.parametrize("overrides", [
@@ -66,8 +66,8 @@ def test_no_timeout_fires_before_the_engines_own_deadline(overrides):
     r = render("existing", PIN, *overrides)
     d = rendered_deadlines(r)
     b = d["budgets"]
-    # The engine's own deadline covers load + compile + profiling.
-    assert d["engine"] == b["load"] + b["compile"] + b["profiling"]
+    # The engine's own deadline covers its start, load, compile and profiling.
+    assert d["engine"] == b["startup"] + b["load"] + b["compile"] + b["profiling"]
     # The startupProbe outlasts the gate and the engine's deadline, strictly.
     assert d["probe"] > b["gate"] + d["engine"]
     # Liveness and readiness exist only behind the startupProbe (Kubernetes runs them
@@ -105,10 +105,11 @@ def test_render_prints_each_phase_with_its_formula_and_the_total(receipt):
     assert rows["cold start: load"] == "1561 s = 1561.0 GB / warmLoadGBps 1.5 = 1040.7 s x 1.5 tail"
     assert rows["cold start: compile"].startswith("1800 s = compileColdSeconds 1200")
     assert rows["cold start: profiling"] == "270 s = profilingSeconds 180 = 180 s x 1.5 tail"
-    assert rows["cold start: engine deadline"].startswith("3631 s = load + compile + profiling")
-    assert rows["startup budget"] == ("4870 s startupProbe (every 10 s x 487) > 1171 s gate + "
-                                      "3631 s engine deadline + 60 s API server; with the 900 s "
-                                      "image pull: 5770 s per pod")
+    assert rows["cold start: engine deadline"].startswith(
+        "3751 s = startup + load + compile + profiling")
+    assert rows["startup budget"] == ("4990 s startupProbe (every 10 s x 499) > 1171 s gate + "
+                                      "3751 s engine deadline + 60 s API server; with the 900 s "
+                                      "image pull: 5890 s per pod")
 
 
 # ---- compile caches and the start script ----------------------------------------------
@@ -237,8 +238,8 @@ LOG = """\
 
 
 def pod(restarts: int = 0) -> dict:
-    budget = {"pull": 900, "gate": 1171, "load": 1561, "compile": 1800, "profiling": 270,
-              "engine": 3631, "probe": 4870}
+    budget = {"pull": 900, "gate": 1171, "startup": 120, "load": 1561, "compile": 1800,
+              "profiling": 270, "engine": 3751, "probe": 4990}
     return {"metadata": {"name": "kimi-k3-0",
                          "annotations": {startup.BUDGET_ANNOTATION: json.dumps(budget)}},
             "status": {"conditions": [{"type": "PodScheduled",
@@ -253,14 +254,14 @@ def test_timeline_of_the_last_start_against_the_budgets():
     assert rows["pull"] == ("2026-12-01T10:00:00.000Z", "120.0", "900", "13% of budget")
     assert rows["gate"] == ("2026-12-01T10:02:00.100Z", "780.0", "1171", "67% of budget")
     # vLLM's own start-up (to its first "Starting to load model") and the load (to the
-    # last rank's "Loading weights took") are split; the render budgets them as one.
-    assert rows["startup"] == ("2026-12-01T10:15:00.200Z", "30.0", "-", "in startup + load")
-    assert rows["load"] == ("2026-12-01T10:15:30.200Z", "970.0", "-", "in startup + load")
-    assert rows["startup + load"][1:] == ("1000.0", "1561", "64% of budget")
+    # last rank's "Loading weights took"), each against its own budget.
+    assert rows["startup"] == ("2026-12-01T10:15:00.200Z", "30.0", "120", "25% of budget")
+    assert rows["load"] == ("2026-12-01T10:15:30.200Z", "970.0", "1561", "62% of budget")
+    assert "startup + load" not in rows
     assert rows["compile"] == ("2026-12-01T10:31:40.200Z", "200.0", "1800", "11% of budget")
     assert rows["profiling"] == ("2026-12-01T10:35:00.200Z", "60.0", "270", "22% of budget")
-    assert rows["engine (start -> ready)"][1:] == ("1260.0", "3631", "35% of budget")
-    assert rows["container start -> ready"][1:] == ("2040.2", "4870", "42% of budget")
+    assert rows["engine (start -> ready)"][1:] == ("1260.0", "3751", "34% of budget")
+    assert rows["container start -> ready"][1:] == ("2040.2", "4990", "41% of budget")
     assert t.cache_key == "0123456789abcdef" and t.compile_cache.startswith("hit")
 
 
@@ -292,7 +293,7 @@ def test_engine_span_is_measured_without_graph_capture_and_old_whole_second_line
     assert rows["startup"][1] == "32.5" and rows["load"][1] == "0.0"
     assert rows["compile"][1:] == ("-", "1800", "not recorded")
     assert rows["profiling"][1:] == ("-", "270", "not recorded")
-    assert rows["engine (start -> ready)"][1:] == ("57.0", "3631", "2% of budget")
+    assert rows["engine (start -> ready)"][1:] == ("57.0", "3751", "2% of budget")
 
 
 def test_load_start_falls_back_to_vllms_own_figure_and_a_log_of_several_starts_gives_the_last():
@@ -328,13 +329,14 @@ def test_startup_off_cluster_reads_a_log_file_and_the_pods_timestamps(tmp_path, 
     # The log without `--timestamps` prefixes: vLLM's own (whole-second) stamps.
     bare = tmp_path / "bare.log"
     bare.write_text("".join(ln.split(" ", 1)[1] + "\n" for ln in EAGER_LOG.splitlines()))
-    assert main(["startup", "--log", str(bare), "--budget", '{"load": 10, "engine": 100}']) == 1
+    assert main(["startup", "--log", str(bare), "--budget",
+                 '{"startup": 10, "load": 10, "engine": 100}']) == 1
     assert "320% of budget" in capsys.readouterr().out
     from k3infra.serving.timeline import off_cluster_pod
 
-    t = timeline(off_cluster_pod({"load": 10, "engine": 100}), bare.read_text())
+    t = timeline(off_cluster_pod({"startup": 10, "load": 10, "engine": 100}), bare.read_text())
     rows = {r[0]: r[1:] for r in t.rows()}
-    assert rows["startup + load"][1:] == ("32.0", "10", "320% of budget OVER")
+    assert rows["startup"][1:] == ("32.0", "10", "320% of budget OVER")
     assert rows["container start -> ready"][0] == "2026-12-01T10:00:00.000Z"
     # uvicorn's "Application startup complete" carries no stamp of its own: only a log
     # read with timestamps times the ready line.

@@ -242,7 +242,7 @@ def test_scaled_object_on_queue_depth(scaled):
         "query": 'sum(vllm:num_requests_waiting{namespace="kimi-k3", pod=~"kimi-k3-[0-9]+"})',
         "threshold": "4"}}
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    # A new replica's budget is 5770 s (image pull 900 s + the startupProbe's 4870 s,
+    # A new replica's budget is 5890 s (image pull 900 s + the startupProbe's 4990 s,
     # docs/serving.md, docs/coldstart.md); the HPA caps the window at 3600 s.
     assert behavior["scaleDown"] == {"stabilizationWindowSeconds": 3600,
                                      "policies": [{"type": "Pods", "value": 1, "periodSeconds": 1800}]}
@@ -256,9 +256,9 @@ def test_scaling_cost_warning(scaled):
     text = " ".join(scaled.warnings)
     assert ("k3:autoscaling.max: 4: the autoscaler may run up to 4 replicas, each a whole "
             "8-GPU node (32 GPUs) billed while it runs") in text
-    assert "cold start of up to 5770 s" in text
+    assert "cold start of up to 5890 s" in text
     assert "k3:autoscaling.scaleDownStabilizationSeconds: 3600 s is shorter than the startup " \
-           "budget (5770 s) (the HPA's maximum)" in text
+           "budget (5890 s) (the HPA's maximum)" in text
     r = render("existing", "replicas=3", SCALING, "monitoring.nodeRateUsdPerHour=98.5")
     assert "about 394 USD/hour at max" in " ".join(r.warnings)
 

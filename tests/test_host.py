@@ -110,8 +110,8 @@ def test_server_runs_the_gate_then_the_receipts_exact_serve_command():
     assert c["ports"] == [{"internal": 8000, "external": 8000, "ip": "127.0.0.1", "protocol": "tcp"},
                           {"internal": 9090, "external": 9090, "ip": "127.0.0.1", "protocol": "tcp"}]
     # The startupProbe's allowance for the receipt's 1561.0 GB with the default
-    # k3:coldStart (docs/coldstart.md): 10 s x ceil((1171 gate + 3631 engine + 60) / 10).
-    assert c["healthcheck"]["startPeriod"] == "4870s"
+    # k3:coldStart (docs/coldstart.md): 10 s x ceil((1171 gate + 3751 engine + 60) / 10).
+    assert c["healthcheck"]["startPeriod"] == "4990s"
     assert "http://127.0.0.1:8001/health" in c["healthcheck"]["tests"][-1]
     assert c["restart"] == "unless-stopped" and c["wait"] is True
     assert {m["target"]: m["readOnly"] for m in c["mounts"]} == {"/weights": True, "/cache": False}
@@ -153,7 +153,7 @@ def test_secrets_never_reach_the_plan_and_env_comes_from_the_plan():
     env = host_plan(load(), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm").env
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3631"
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3751"
     assert env["K3_GATE_MODE"] == "warm" and env["K3_GATE_STATE"] == "/var/run/k3-gate"
     assert "PYTHONPATH" not in env and "VLLM_API_KEY" not in env
     assert env["K3_EXPECT_TREE_DIGEST"] == \
@@ -351,7 +351,7 @@ def test_render_writes_compose_with_the_same_containers(tmp_path):
     assert s["vllm"]["depends_on"] == {"prefetch": {"condition": "service_completed_successfully"}}
     assert s["vllm"]["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
-    assert s["vllm"]["healthcheck"]["start_period"] == "4870s"
+    assert s["vllm"]["healthcheck"]["start_period"] == "4990s"
     assert s["vllm"]["ports"][0] == {"host_ip": "127.0.0.1", "published": "8000", "target": 8000,
                                      "protocol": "tcp"}
     assert s["vllm"]["env_file"] == [{"path": "k3-api-key.env", "required": True}]

@@ -84,17 +84,18 @@ def test_leader_and_worker_run_the_receipts_flags_then_the_multi_node_ones(multi
         assert c["command"][-2:] == ["vllm", "serve"] and c["command"][0] == "sh"  # gate first
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-        # The engine's own deadline is a node's: load 1561 + compile 1800 + profiling 270 s.
-        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3631"
+        # The engine's own deadline is a node's: startup 120 + load 1561 + compile 1800 +
+        # profiling 270 s.
+        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3751"
         assert env["K3_EXPECT_TREE_DIGEST"] == (
             "sha256:ebf0b1a75a29ab5e01f319252302c418d0e8f9340e402950497094a6fc64aced")
     # Both pods' gates read the tree at once: 2 x 1561.0 GB / 2 GB/s x 1.5 tail = 2342 s
-    # (one node: 1171 s); the probe: 2342 + 3631 + 60 s, in whole 10 s periods.
+    # (one node: 1171 s); the probe: 2342 + 3751 + 60 s, in whole 10 s periods.
     budget = json.loads(template(lws, "leader")["metadata"]["annotations"][
         "k3infra.dev/startup-budget"])
-    assert budget["gate"] == 2342 and budget["engine"] == 3631 and budget["probe"] == 6040
+    assert budget["gate"] == 2342 and budget["engine"] == 3751 and budget["probe"] == 6160
     leader = vllm_of(template(lws, "leader"))
-    assert leader["startupProbe"]["failureThreshold"] == 604
+    assert leader["startupProbe"]["failureThreshold"] == 616
     assert leader["startupProbe"]["periodSeconds"] == 10
     assert "startupProbe" not in vllm_of(template(lws, "worker"))
 

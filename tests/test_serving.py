@@ -51,7 +51,7 @@ def test_env_is_receipt_env_plus_allow_listed_surface(receipt):
     assert env["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
         "name": "kimi-k3-api-key", "key": "api-key"}}}
     # The engine's own deadline: load 1561 + compile 1800 + profiling 270 (docs/coldstart.md).
-    assert env["VLLM_ENGINE_READY_TIMEOUT_S"]["value"] == "3631"
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"]["value"] == "3751"
 
 
 def test_surface_settings_are_added_after_engine_args(receipt):
@@ -76,7 +76,7 @@ def test_gpus_resources_shm_and_probes(receipt):
     health = "http://127.0.0.1:8001/health"
     assert health in probe["exec"]["command"][-1]
     # the gate's read and the engine's deadline, strictly (tests/test_coldstart.py)
-    assert probe["periodSeconds"] * probe["failureThreshold"] == 4870
+    assert probe["periodSeconds"] * probe["failureThreshold"] == 4990
     assert health in c["readinessProbe"]["exec"]["command"][-1]
     assert health in c["livenessProbe"]["exec"]["command"][-1]
     assert "ports" not in c

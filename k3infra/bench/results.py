@@ -5,7 +5,9 @@ The key layout is vLLM's (vllm/benchmarks/serve.py): top-level `date`, `backend`
 `max_concurrency`, then the benchmark's `duration`, `completed`, `failed`,
 `total_input_tokens`, `total_output_tokens`, `*_throughput`, the per-request arrays
 `input_lens`, `output_lens`, `ttfts`, `itls`, `latencies` (seconds; `latencies` is the
-per-request end-to-end latency and is kept even without `--save-detailed`),
+per-request end-to-end latency and is kept even without `--save-detailed`; vLLM 0.25
+writes none: there it is derived as `ttft + sum(itls)`, which is how vLLM measures it,
+the last chunk's time minus the request's start),
 `generated_texts`, `errors`, and per metric `mean_/median_/std_<m>_ms` plus
 `p<P>_<m>_ms` for every `--metric-percentiles` value. `--metadata KEY=VALUE` pairs are
 merged into the top level as strings (the benchmark Job records its workload there).
@@ -73,6 +75,7 @@ class BenchResult:
     itls_s: Optional[tuple[tuple[float, ...], ...]]
     errors: Optional[tuple[str, ...]]
     metadata: dict[str, str] = field(default_factory=dict)
+    latencies_from: str = "latencies"   # or "ttfts + itls" (vLLM 0.25 writes no latencies)
     percentiles_ms: dict[str, float] = field(default_factory=dict)  # e.g. "p99_ttft_ms"
 
     @property
@@ -154,6 +157,14 @@ def parse_result(data: Any, source: str, sha256: str = "") -> BenchResult:
                    if _PERCENTILE_KEY.match(k) and isinstance(v, (int, float))
                    and not isinstance(v, bool)}
     metadata = {k: str(data[k]) for k in META_KEYS if k in data}
+    ttfts = _array(data, "ttfts", source, num_prompts, float)
+    itls = _array(data, "itls", source, num_prompts, list)
+    latencies = _array(data, "latencies", source, num_prompts, float)
+    latencies_from = "latencies"
+    if latencies is None and ttfts is not None and itls is not None:
+        # compare still checks them against the file's own p50/p99 (0.05 ms).
+        latencies = tuple(t + sum(i) for t, i in zip(ttfts, itls))
+        latencies_from = "ttfts + itls"
     return BenchResult(
         source=source, sha256=sha256,
         date=str(data["date"]) if data.get("date") is not None else None,
@@ -164,11 +175,10 @@ def parse_result(data: Any, source: str, sha256: str = "") -> BenchResult:
         total_output_tokens=_number(data, "total_output_tokens", source, integer=True),
         output_throughput=_number(data, "output_throughput", source, required=False),
         p50_e2el_ms=p50, p99_e2el_ms=p99,
-        latencies_s=_array(data, "latencies", source, num_prompts, float),
+        latencies_s=latencies, latencies_from=latencies_from,
         input_lens=_array(data, "input_lens", source, num_prompts, int),
         output_lens=_array(data, "output_lens", source, num_prompts, int),
-        ttfts_s=_array(data, "ttfts", source, num_prompts, float),
-        itls_s=_array(data, "itls", source, num_prompts, list),
+        ttfts_s=ttfts, itls_s=itls,
         errors=_array(data, "errors", source, num_prompts, str),
         metadata=metadata, percentiles_ms=percentiles,
     )

@@ -92,7 +92,7 @@ def _off_cluster(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
             except ValueError:
                 raise ValueError(f"--budget {args.budget!r}: not JSON; accepted: the "
                                  "k3infra.dev/startup-budget annotation, e.g. "
-                                 '\'{"load": 1561, "engine": 3631}\'') from None
+                                 '\'{"load": 1561, "engine": 3751}\'') from None
         for flag in ("started", "scheduled"):
             value = getattr(args, flag)
             if value is not None:

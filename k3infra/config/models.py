@@ -193,6 +193,10 @@ class ColdStartConfig(_Section):
     warm_load_gbps: GBps = Field(default=1.5, alias="warmLoadGBps")
     # ... and with cold lazy mmap reads (the same PR: 1500-3660 s; 689 GB / 3660 s).
     cold_load_gbps: GBps = Field(default=0.18, alias="coldLoadGBps")
+    # vLLM's own start before the load (imports, the API server, the engine core and its
+    # workers, device init): measured 52.6-76.4 s on one H200 at TP1 with vLLM 0.25.0
+    # (docs/coldstart.md "Measured rates"); 80 s is the slow end (a machine's first start).
+    engine_start_seconds: Seconds = Field(default=80, alias="engineStartSeconds")
     # torch.compile + CUDA graph capture at TP8: 4-10 min cold, 1-2 min from a seeded
     # cache (issue 20's figures; vLLM PR 16848 loads compiled graphs from the cache).
     compile_cold_seconds: Seconds = Field(default=1200, alias="compileColdSeconds")

@@ -228,13 +228,13 @@ def _startup_budget(args: ResourceValidationArgs, report: ReportViolation) -> No
             ready = as_int(c.env_value(ENGINE_READY_ENV))
             if ready is None or ready < engine:
                 report(f"{where}: env {ENGINE_READY_ENV} is {c.env_value(ENGINE_READY_ENV)!r}; "
-                       f"the engine would give up before the {engine} s that load, compile and "
-                       "profiling need", None)
+                       f"the engine would give up before the {engine} s that its start, the "
+                       "load, compile and profiling need", None)
 
 
 startup_budget = ResourceValidationPolicy(
     name="k3-startup-budget",
-    description=(f"{ENGINE_READY_ENV} covers the engine's load of the receipt's "
+    description=(f"{ENGINE_READY_ENV} covers the engine's start, its load of the receipt's "
                  f"{_receipt().model.size_gb:g} GB, compile and profiling, and the vLLM startupProbe "
                  "(initialDelaySeconds + periodSeconds x failureThreshold) outlasts the weights "
                  "gate plus that deadline, each phase budgeted from the stack's k3:serving and "

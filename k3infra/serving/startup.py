@@ -7,6 +7,7 @@ keys with sourced defaults) times the tail factor:
 
     pull      engine image GB / imagePullGBps          (before the container starts)
     gate      weight bytes / storageReadGBps            (every byte read and hashed once)
+    startup   engineStartSeconds                        (vLLM's imports and processes)
     load      weight bytes / warmLoadGBps               (page cache warmed by the gate)
            or weight bytes / min(coldLoadGBps, storage) (stamps mode, or a memory limit
                                                          that cannot hold the tree)
@@ -14,7 +15,7 @@ keys with sourced defaults) times the tail factor:
     profiling profilingSeconds
 
 The deadlines nest so that none fires before the one it contains:
-    engine deadline (VLLM_ENGINE_READY_TIMEOUT_S) = load + compile + profiling
+    engine deadline (VLLM_ENGINE_READY_TIMEOUT_S) = startup + load + compile + profiling
     startupProbe   > gate + engine deadline (+ the API server's own start, rounded up
                      to whole probe periods)
     `pulumi up`    > pull + startupProbe (+ scheduling), per replica on an update
@@ -75,7 +76,7 @@ class StartupBudget:
     @property
     def engine_seconds(self) -> int:
         """VLLM_ENGINE_READY_TIMEOUT_S: the engine's own deadline."""
-        return self.seconds("load") + self.seconds("compile") + self.seconds("profiling")
+        return sum(self.seconds(p) for p in ("startup", "load", "compile", "profiling"))
 
     @property
     def failure_threshold(self) -> int:
@@ -114,7 +115,7 @@ class StartupBudget:
         out = [(f"cold start: {p.name}", f"{p.seconds} s = {p.formula} x {self.tail_factor:g} tail")
                for p in self.phases]
         out.append(("cold start: engine deadline",
-                    f"{self.engine_seconds} s = load + compile + profiling "
+                    f"{self.engine_seconds} s = startup + load + compile + profiling "
                     "(VLLM_ENGINE_READY_TIMEOUT_S)"))
         out.append(("startup budget", self.summary()))
         return out
@@ -153,6 +154,8 @@ def startup_budget(receipt: Receipt, serving: ServingConfig, cold: ColdStartConf
         ("gate", pods * gb / serving.storage_read_gbps,
          (f"{pods} pods x " if pods > 1 else "")
          + f"{gb:.1f} GB / storageReadGBps {serving.storage_read_gbps:g}"),
+        ("startup", float(cold.engine_start_seconds),
+         f"engineStartSeconds {cold.engine_start_seconds}"),
         ("load", gb / load_rate, f"{gb:.1f} GB / {load_how}"),
         ("compile", float(compile_s),
          f"compile{'Warm' if seeded else 'Cold'}Seconds {compile_s} (compileCache "

@@ -28,7 +28,8 @@ from k3infra.serving.startup import BUDGET_ANNOTATION
 # The measured phases, in order, each (name, start mark, end mark). vLLM's own start-up
 # (imports, engine core and worker processes, device init) runs from the engine's start
 # to "Starting to load model"; the weights load from there to "Loading weights took".
-# The render budgets both as one phase, "load" (k3infra/serving/startup.py).
+# The render budgets each (k3infra/serving/startup.py); a pod rendered before the
+# startup budget existed has only "load", and its startup row shows no budget.
 SPANS = (("pull", "scheduled", "container"),
          ("gate", "gate.start", "gate.end"),
          ("startup", "engine.start", "load.start"),
@@ -36,8 +37,7 @@ SPANS = (("pull", "scheduled", "container"),
          ("compile", "load.end", "graphs.end"),
          ("profiling", "graphs.end", "ready"))
 # Rows that sum or span phases: (name, start mark, end mark, the budget they are held to).
-TOTALS = (("startup + load", "engine.start", "load.end", "load"),
-          ("engine (start -> ready)", "engine.start", "ready", "engine"),
+TOTALS = (("engine (start -> ready)", "engine.start", "ready", "engine"),
           ("container start -> ready", "container", "ready", "probe"))
 VLLM_MARKS = (("load.start", re.compile(r"Starting to load model")),
               ("load.end", re.compile(r"Loading weights took|Model loading took")),
@@ -105,12 +105,10 @@ class Timeline:
         out = []
         for name, start, _end in SPANS:
             took = self.seconds(name)
-            # startup and load share the render's load budget: the sum is held to it below.
-            budget = None if name in ("startup", "load") else self.budgets.get(name)
+            budget = self.budgets.get(name)
             at = self.marks.get(start)
             out.append((name, _stamp(at), _took(took), "-" if budget is None else str(budget),
-                        "in startup + load" if name in ("startup", "load") and took is not None
-                        else verdict(took, budget)))
+                        verdict(took, budget)))
         for name, start, end, key in TOTALS:
             took, budget = self.span(start, end), self.budgets.get(key)
             out.append((name, _stamp(self.marks.get(start)), _took(took),
