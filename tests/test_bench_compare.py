@@ -253,3 +253,25 @@ def test_cli_plot_writes_a_png(tmp_path, receipt, point):
     assert main(["bench", "compare", ok, slow, "--plot", str(png)]) == 1
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_vllm_0_25_results_without_latencies_use_ttft_plus_itls(receipt):
+    """tests/fixtures/vllm-0.25.0-h200-workload-a-c8.json: a real `vllm bench serve`
+    result of vLLM 0.25.0 (Workload A, concurrency 8, through the rendered proxy on the
+    H200; issue 29). 0.25.0 writes no `latencies`: they are ttft + sum(itls), and they
+    must still agree with the file's own p50/p99; an edited figure is still caught."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "fixtures" / "vllm-0.25.0-h200-workload-a-c8.json"
+    r = load_result(path)
+    assert r.latencies_from == "ttfts + itls"
+    assert [round(v) for v in r.successful_latencies_ms] == [5913, 5942, 5961]
+
+    def agreement(result):
+        return {ch.what: ch.ok for ch in c.workload_checks(result, receipt) if " vs " in ch.what}
+
+    assert agreement(r) == {"p50_e2el_ms vs ttfts + itls": True,
+                            "p99_e2el_ms vs ttfts + itls": True}
+    data = json.loads(path.read_text())
+    data["p99_e2el_ms"] -= 50.0
+    assert agreement(parse_result(data, "edited.json"))["p99_e2el_ms vs ttfts + itls"] is False

