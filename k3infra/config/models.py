@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from k3infra.config.base import (SECRET_PLACEHOLDER, PROXY_IMAGE, Secret, _Section)
 from k3infra.config.pools import NodePoolConfig
@@ -84,51 +84,39 @@ def memory_quantity(gi: float) -> str:
     return f"{mi // 1024}Gi" if mi % 1024 == 0 else f"{mi}Mi"
 
 
+def _resources(name: str, doc: str, cpu: float, cpu_limit: float, memory_gi: float,
+               memory_limit_gi: float) -> type[ContainerResources]:
+    """A ContainerResources with one container's defaults (the bounds stay the base's)."""
+    base = ContainerResources.model_fields
+
+    def default(field: str, value: float):
+        f = base[field]
+        bounds = {k: getattr(m, k) for m in f.metadata for k in ("ge", "le") if hasattr(m, k)}
+        return (float, Field(default=value, alias=f.alias, **bounds))
+
+    return create_model(name, __base__=ContainerResources, __doc__=doc, __module__=__name__,
+                        cpu=default("cpu", cpu), cpu_limit=default("cpu_limit", cpu_limit),
+                        memory_gi=default("memory_gi", memory_gi),
+                        memory_limit_gi=default("memory_limit_gi", memory_limit_gi))
+
+
 # The defaults are the sizes of the receipt's 8-GPU node; a small node (a CPU test
 # node, a small pool) lowers them (docs/configuration.md).
-class PrefetchResources(ContainerResources):
-    """The prefetch Job: parallel downloads and hashing of a 1.5 TB tree."""
-
-    cpu: float = Field(default=16, ge=0.01, le=1024)
-    cpu_limit: float = Field(default=32, ge=0.01, le=1024, alias="cpuLimit")
-    memory_gi: float = Field(default=32, ge=1 / 64, le=65536, alias="memoryGi")
-    memory_limit_gi: float = Field(default=64, ge=1 / 64, le=65536, alias="memoryLimitGi")
-
-
-class GateResources(ContainerResources):
-    """The weights gate alone: the audit CronJob and the gate before a weights reader."""
-
-    cpu: float = Field(default=8, ge=0.01, le=1024)
-    cpu_limit: float = Field(default=32, ge=0.01, le=1024, alias="cpuLimit")
-    memory_gi: float = Field(default=8, ge=1 / 64, le=65536, alias="memoryGi")
-    memory_limit_gi: float = Field(default=16, ge=1 / 64, le=65536, alias="memoryLimitGi")
-
-
-class ProxyResources(ContainerResources):
-    """The serving pod's nginx proxy; its CPU limit is also its worker count."""
-
-    cpu: float = Field(default=1, ge=0.01, le=1024)
-    cpu_limit: float = Field(default=2, ge=0.01, le=1024, alias="cpuLimit")
-    memory_gi: float = Field(default=0.25, ge=1 / 64, le=65536, alias="memoryGi")
-    memory_limit_gi: float = Field(default=0.5, ge=1 / 64, le=65536, alias="memoryLimitGi")
-
-
-class BenchmarkResources(ContainerResources):
-    """The benchmark Job: `vllm bench serve` and the tokenizer of Workload A."""
-
-    cpu: float = Field(default=4, ge=0.01, le=1024)
-    cpu_limit: float = Field(default=8, ge=0.01, le=1024, alias="cpuLimit")
-    memory_gi: float = Field(default=16, ge=1 / 64, le=65536, alias="memoryGi")
-    memory_limit_gi: float = Field(default=32, ge=1 / 64, le=65536, alias="memoryLimitGi")
-
-
-class AccuracyResources(ContainerResources):
-    """The accuracy Job: lm-eval as a client."""
-
-    cpu: float = Field(default=2, ge=0.01, le=1024)
-    cpu_limit: float = Field(default=4, ge=0.01, le=1024, alias="cpuLimit")
-    memory_gi: float = Field(default=8, ge=1 / 64, le=65536, alias="memoryGi")
-    memory_limit_gi: float = Field(default=16, ge=1 / 64, le=65536, alias="memoryLimitGi")
+PrefetchResources = _resources(
+    "PrefetchResources", "The prefetch Job: parallel downloads and hashing of a 1.5 TB tree.",
+    16, 32, 32, 64)
+GateResources = _resources(
+    "GateResources",
+    "The weights gate alone: the audit CronJob and the gate before a weights reader.",
+    8, 32, 8, 16)
+ProxyResources = _resources(
+    "ProxyResources", "The serving pod's nginx proxy; its CPU limit is also its worker count.",
+    1, 2, 0.25, 0.5)
+BenchmarkResources = _resources(
+    "BenchmarkResources", "The benchmark Job: `vllm bench serve` and the tokenizer of Workload A.",
+    4, 8, 16, 32)
+AccuracyResources = _resources(
+    "AccuracyResources", "The accuracy Job: lm-eval as a client.", 2, 4, 8, 16)
 
 
 class ServingConfig(_Section):
