@@ -303,10 +303,15 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
     once mid-download: the retry resumes with Range) and the serving pod is Ready."""
     from kubernetes import client
 
+    from huggingface_hub import constants
+
     shards = sorted(p for p in hub.files if p.endswith(".safetensors"))
-    # Half the shard: at 64 KiB the client had flushed nothing yet, so a retry from byte 0
-    # said nothing about resuming.
-    hub.faults.stall_once[shards[0]] = len(hub.files[shards[0]]) // 2
+    # huggingface_hub writes its `.incomplete` file a whole 10 MiB chunk at a time: a kill
+    # before the first chunk leaves nothing to resume (two runs here stalled at 64 KiB and
+    # at half of the 15 MB shard, and both retries started from byte 0). Stall past it.
+    chunk, size = constants.DOWNLOAD_CHUNK_SIZE, len(hub.files[shards[0]])
+    assert size > chunk, f"{shards[0]} ({size} bytes) must be larger than one {chunk}-byte chunk"
+    hub.faults.stall_once[shards[0]] = chunk + (size - chunk) // 2
 
     def kill_the_stalled_prefetch():
         if not hub.stalled.wait(timeout=900):
