@@ -187,8 +187,8 @@ NOT_RUN: dict[str, list[str]] = {
             "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt"],
     GPU: [
         'G="python3 benchmarks/gpu_start.py --work /root/k3gpu"',
-        "$G prepare --shape 5120,48,13824 --mkmodel ../shared/gpu/mkmodel.py --engine-wheel vllm-0.25.0-*.whl",
-        "$G start --restart new-node", "$G proxy", "$G bench",
+        "$G prepare --shape 4096,32,14336 --mkmodel ../shared/gpu/mkmodel.py --engine-wheel vllm-0.25.0-*.whl",
+        "$G start --restart new-node", "$G proxy", "$G bench --concurrencies 8",
         "$G start --restart same-pod", "$G start --restart new-pod",
         '$G start --gate-mode stamps --stop-after-load --restart same-pod --drop-cache '
         '--load-format "--load-format fastsafetensors"',

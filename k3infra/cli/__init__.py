@@ -1,14 +1,15 @@
 """`k3infra` command line. Thin: parse arguments, call the layers, print.
 
 Each subcommand lives in its own module with `register(subparsers)`; only the module
-named on the command line is imported, so `k3infra weights verify` (an init container on
-every serving pod start) stays fast.
+named on the command line is imported, so a short command (`k3infra weights verify` of a
+1.5 TB tree, `k3infra startup`) does not load the Pulumi SDK or the policy pack.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "receipt": ("k3infra.cli.receipt", "show the measured serving receipt"),
@@ -28,12 +29,31 @@ class UsageError(Exception):
     """Bad input: printed as one clear line, exit status 2."""
 
 
+def add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    """The cluster a command reads: your kubeconfig and context, as kubectl takes them."""
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--context")
+
+
+def add_fetch_parser(sub, what: str, image_default: str, func) -> None:
+    """`fetch`: copy a client Job's run directory off its volume (bench and accuracy)."""
+    from k3infra.naming import PROGRAM_INSTANCE
+
+    fe = sub.add_parser("fetch", help=f"copy the {what}'s files from the cluster")
+    fe.add_argument("--out", required=True, type=Path)
+    fe.add_argument("--namespace", default=PROGRAM_INSTANCE)
+    add_cluster_args(fe)
+    fe.add_argument("--run", help="a run id (default: the latest complete run)")
+    fe.add_argument("--image", help=f"image for the short-lived reader pod (default: {image_default})")
+    fe.set_defaults(func=func)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="k3infra", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         # With a command named, only its parser is built: every other parser costs ~1 ms
-        # (argparse looks up gettext catalogs), paid on each pod's `weights verify`.
+        # (argparse looks up gettext catalogs) and imports its module.
         if only is None or name == only:
             importlib.import_module(module).register(sub.add_parser(name, help=help_text))
     return parser

@@ -9,8 +9,7 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
-from k3infra.naming import PROGRAM_INSTANCE
-from k3infra.cli import UsageError
+from k3infra.cli import UsageError, add_fetch_parser
 
 
 def _defaults():
@@ -54,14 +53,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                      help="draw scores against the baseline's tolerance band")
     cmp.set_defaults(func=_compare)
 
-    fe = sub.add_parser("fetch", help="copy the AccuracySmoke Job's files from the cluster")
-    fe.add_argument("--out", required=True, type=Path)
-    fe.add_argument("--namespace", default=PROGRAM_INSTANCE)
-    fe.add_argument("--kubeconfig")
-    fe.add_argument("--context")
-    fe.add_argument("--run", help="a run id (default: the latest complete run)")
-    fe.add_argument("--image", help="image for the reader pod (default: the Job's)")
-    fe.set_defaults(func=_fetch)
+    add_fetch_parser(sub, "AccuracySmoke Job", "the Job's own image", _fetch)
 
 
 def shipped_tasks_dir() -> Path:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3infra.naming import PROGRAM_INSTANCE
-from k3infra.cli import UsageError
+from k3infra.cli import UsageError, add_fetch_parser
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -73,15 +72,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                     help="draw USD per million tokens against concurrency")
     co.set_defaults(func=_cost)
 
-    fe = sub.add_parser("fetch", help="copy the benchmark Job's raw results from the cluster")
-    fe.add_argument("--out", required=True, type=Path)
-    fe.add_argument("--namespace", default=PROGRAM_INSTANCE)
-    fe.add_argument("--kubeconfig")
-    fe.add_argument("--context")
-    fe.add_argument("--run", help="a run id (default: the latest complete run)")
-    fe.add_argument("--image", help="image for the short-lived reader pod "
-                                    "(default: the benchmark Job's own image)")
-    fe.set_defaults(func=_fetch)
+    add_fetch_parser(sub, "benchmark Job", "the benchmark Job's own image", _fetch)
 
 
 def _load(paths: list[Path]):

@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from k3infra.cli import add_cluster_args
 from k3infra.naming import PROGRAM_INSTANCE
 
 
@@ -34,8 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduled", help="with --log: the pod's scheduling (RFC 3339)")
     parser.add_argument("--restarts", type=int, default=0,
                         help="with --log: the container's restart count (0: a first start)")
-    parser.add_argument("--kubeconfig")
-    parser.add_argument("--context")
+    add_cluster_args(parser)
     parser.set_defaults(func=_startup)
 
 

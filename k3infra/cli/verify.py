@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from k3infra.naming import PROGRAM_INSTANCE
-from k3infra.cli import UsageError
+from k3infra.cli import UsageError, add_cluster_args
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +27,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with --docker-host: the K3HostStack instance whose "
                              "<instance>-vllm container is read (default: the stack "
                              "program's instance, kimi-k3)")
-    parser.add_argument("--kubeconfig")
-    parser.add_argument("--context")
+    add_cluster_args(parser)
     parser.add_argument("--receipt", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
     parser.add_argument("--engine-image", help="the image you expect (repo@sha256:...)")
     parser.add_argument("--lock", type=Path,
