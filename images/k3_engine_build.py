@@ -398,6 +398,13 @@ def cmd_smoke(a: argparse.Namespace) -> None:
         raise CheckFailed(f"wheel record version {record['version']} != {a.expect_version}")
     if importlib.util.find_spec("vllm._C") is None:
         raise CheckFailed("vllm._C is not installed: not a CUDA build")
+    # The benchmark Job runs `vllm bench serve --dataset-name custom` in this image, which
+    # reads its dataset with pandas (vLLM's `bench` extra): the node e2e's Job failed on an
+    # image without it ("Please install vllm[bench]"). The runtime lock must carry it.
+    if importlib.util.find_spec("pandas") is None:
+        raise CheckFailed("pandas is not installed: the benchmark Job's `vllm bench serve` "
+                          "needs it; compile runtime.lock with the bench requirement "
+                          "(docs/engine.md)")
     for excl in exclusions(a.exclude):
         if importlib.util.find_spec(excl["module"]) is not None:
             raise CheckFailed(f"{excl['module']} is installed, but the receipt excludes "

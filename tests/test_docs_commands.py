@@ -147,7 +147,7 @@ NOT_RUN: dict[str, list[str]] = {
         "x86_64-manylinux_2_28 /tmp/vllm-resolve/requirements/build.txt -o images/build.lock",
         "uv pip compile $IDX --generate-hashes --python-version 3.12 --python-platform "
         "x86_64-manylinux_2_28 -c images/build.lock -c /tmp/k3-runtime-constraints.txt "
-        "/tmp/vllm-resolve/requirements/cuda.txt -o images/runtime.lock",
+        "/tmp/vllm-resolve/requirements/cuda.txt /tmp/k3-runtime-bench.txt -o images/runtime.lock",
         "docker buildx imagetools inspect registry.example.com/k3/vllm@sha256:<digest> "
         "--format '{{json .Image.Config.Labels}}'",
     ],
@@ -184,7 +184,8 @@ NOT_RUN: dict[str, list[str]] = {
     ENGINE: ["make engine", "make e2e"],
     LOCKS: ['IDX="--index-url https://pypi.org/simple --extra-index-url '
             'https://download.pytorch.org/whl/cu130"',
-            "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt"],
+            "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt",
+            "echo 'pandas' > /tmp/k3-runtime-bench.txt"],
     GPU: [
         'G="python3 benchmarks/gpu_start.py --work /root/k3gpu"',
         "$G prepare --shape 4096,32,14336 --mkmodel ../shared/gpu/mkmodel.py --engine-wheel vllm-0.25.0-*.whl",
