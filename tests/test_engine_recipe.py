@@ -311,9 +311,13 @@ def test_verify_labels(tmp_path):
     assert missing.returncode == 2 and "wheel-export target first" in missing.stderr
 
 
-def fake_vllm(site: Path, version: str = VERSION, extra: tuple = ()) -> Path:
+def fake_vllm(site: Path, version: str = VERSION, extra: tuple = (),
+              pandas: bool = True) -> Path:
     pkg = site / "vllm"
     pkg.mkdir(parents=True)
+    if pandas:                        # the benchmark Job's `vllm bench serve` needs it
+        (site / "pandas").mkdir()
+        (site / "pandas" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (pkg / "_C.abi3.so").write_bytes(b"")
     for name in extra:
@@ -341,6 +345,11 @@ def test_smoke_imports_the_engine_and_checks_version_and_exclusion(tmp_path):
 def test_smoke_refuses_another_version(tmp_path):
     r = smoke(fake_vllm(tmp_path / "site", version="0.33.0"), tmp_path)
     assert r.returncode == 1 and "the receipt's is" in r.stderr
+
+
+def test_smoke_refuses_an_image_without_pandas(tmp_path):
+    r = smoke(fake_vllm(tmp_path / "site", pandas=False), tmp_path)
+    assert r.returncode == 1 and "pandas is not installed" in r.stderr
 
 
 def test_smoke_refuses_an_installed_flashkda(tmp_path):
