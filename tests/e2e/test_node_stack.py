@@ -436,6 +436,10 @@ def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
     through the Service with the key); then fetch, a receipt of this run, compare."""
     from k3infra.bench import fetch
 
+    # One run of the grid: on these 2 shared cores two runs disagree beyond the +-10 %
+    # tolerance (a run here: c=2 p50 -13.3 %, c=1 p99 -11.0 % between the Job's two runs),
+    # which is what compare is for, but says nothing of the plumbing under test.
+    stack.run("config", "set", "--path", "k3:benchmark.runs", "1", show=0)
     stack.run("config", "set", "--path", "k3:benchmark.enabled", "true", show=0)
     stack.up(timeout=2400)
     results = tmp_path / "results"
@@ -444,7 +448,7 @@ def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
     run_dir = next(p for p in results.rglob("SHA256SUMS")).parent
     files = [str(p) for p in fetch.measured_results(run_dir)]
     k3infra(stack, "bench", "receipt", *files, "--id", "tiny-moe-cpu-e2e-measured",
-            "--base", str(stack.receipt), "--out", str(measured))
+            "--base", str(stack.receipt), "--out", str(measured), "--single-run")
     # Against a receipt measured by this same run: the comparison is honest.
     compare = k3infra(stack, "bench", "compare", *files, "--receipt", str(measured))
     assert compare.returncode == 0
