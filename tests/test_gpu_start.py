@@ -49,9 +49,9 @@ def test_gpu_receipt_and_render_keep_the_one_gpu_flags_of_the_receipt(tmp_path, 
     assert r["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert r["env"]["VLLM_CACHE_ROOT"] == "/cache/current/vllm"
     assert r["env"]["K3_EXPECT_TREE_DIGEST"] == lock["tree_digest"]
-    assert r["env"]["VLLM_ENGINE_READY_TIMEOUT_S"] == "2071"
-    assert r["budget"] == {"pull": 900, "gate": 1, "load": 1, "compile": 1800, "profiling": 270,
-                           "engine": 2071, "probe": 2140}
+    assert r["env"]["VLLM_ENGINE_READY_TIMEOUT_S"] == "2191"
+    assert r["budget"] == {"pull": 900, "gate": 1, "startup": 120, "load": 1, "compile": 1800,
+                           "profiling": 270, "engine": 2191, "probe": 2260}
     assert "/etc/k3/weights/lock.json" in r["files"]
     # Workload A as the benchmark Job runs it, through the proxy's port.
     args = r["runner_args"]
