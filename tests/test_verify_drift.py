@@ -277,3 +277,28 @@ def test_the_table_names_the_pod_of_a_weights_row():
                Console(file=out, width=200, color_system=None))
     assert "verified marker [kimi-k3-0]" in out.getvalue()
     assert "cannot read: [x]" in out.getvalue()
+
+
+def test_an_api_server_that_does_not_answer_is_one_line(tmp_path, capsys):
+    """verify and startup against a kubeconfig whose server refuses connections: one
+    line naming the server, exit 2, no traceback (the node e2e's run found a traceback)."""
+    import socket
+
+    from k3infra.cli import main
+
+    with socket.socket() as s:            # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    for argv in (["verify", "--no-results"], ["startup"]):
+        assert main([*argv, "--kubeconfig", str(kubeconfig)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"the cluster's API server at https://127.0.0.1:{port} did not answer" in err

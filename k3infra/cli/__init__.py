@@ -75,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         if receipt is not None and isinstance(exc, receipt.ReceiptError):
             print(f"k3infra {args.command}: {exc}", file=sys.stderr)
             return 2
+        # An API server that does not answer (verify, startup, fetch): one line naming it.
+        urllib3 = sys.modules.get("urllib3.exceptions")
+        if urllib3 is not None and isinstance(exc, urllib3.MaxRetryError):
+            pool = getattr(exc, "pool", None)
+            where = f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else "?"
+            reason = getattr(exc.reason, "args", [exc.reason])[-1] if exc.reason else exc
+            reason = str(reason).rsplit(": ", 1)[-1]
+            print(f"k3infra {args.command}: the cluster's API server at {where} did not answer "
+                  f"({reason}); check --kubeconfig and --context", file=sys.stderr)
+            return 2
         raise
 
 
