@@ -57,6 +57,10 @@ engine:
 # The project's test images (tools/images/build.sh): Debian packages packed with umoci,
 # cached outside the work tree; built before the tests, which run without network.
 E2E_IMAGES := pause proxy engine-cpu
+# One pytest session per node module: each module starts its own node (its receipt's GPU
+# product label, its images) on its own control plane; two in one session would share
+# the node's name, ports and StorageClass (a run of both failed with 409 AlreadyExists).
+NODE_MODULES := $(sort $(shell grep -l 'pytest.mark.node' tests/e2e/test_*.py))
 
 # The real-engine tests (tests/e2e/, marked e2e): the README's paths with real binaries on
 # loopback; then the node tier (marked node: a kubelet on containerd running the rendered
@@ -70,8 +74,9 @@ e2e: venv
 	echo "e2e: images $(E2E_IMAGES) (build/reuse $$(( $$(date +%s) - t )) s)"; \
 	K3INFRA_ENGINE_BIN=$$bin $(BIN)/python -m pytest -m "e2e and not node" -p no:cacheprovider -s -rs tests/e2e; \
 	rc=$$?; echo "e2e: control-plane tier done at $$(( $$(date +%s) - start )) s (exit $$rc)"; \
-	K3INFRA_ENGINE_BIN=$$bin tests/e2e/netns.sh $(BIN)/python -m pytest -m "e2e and node" -p no:cacheprovider -s -rs tests/e2e; \
-	rc2=$$?; echo "e2e: node tier exit $$rc2; total $$(( $$(date +%s) - start )) s"; \
+	rc2=0; for m in $(NODE_MODULES); do \
+	  K3INFRA_ENGINE_BIN=$$bin tests/e2e/netns.sh $(BIN)/python -m pytest -m "e2e and node" -p no:cacheprovider -s -rs $$m || rc2=1; \
+	done; echo "e2e: node tier exit $$rc2; total $$(( $$(date +%s) - start )) s"; \
 	[ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
 
 clean:
