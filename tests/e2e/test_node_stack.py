@@ -309,6 +309,18 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
     def kill_the_stalled_prefetch():
         if not hub.stalled.wait(timeout=900):
             return
+        # What the Hub sent may still sit in socket buffers: kill only once the client has
+        # written its first chunk to the volume (a run that killed at once resumed from 0).
+        def written():
+            try:
+                return max((f.stat().st_size for f in node.volumes.rglob("*.incomplete")),
+                           default=0) >= chunk
+            except OSError:                # renamed or removed while we looked
+                return False
+        deadline = time.monotonic() + 60
+        while not written() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"\n.incomplete on the volume: {written() and 'at least' or 'less than'} one chunk")
         pods = core(node).list_namespaced_pod(
             NS, label_selector="app.kubernetes.io/component=weights-prefetch").items
         running = [p for p in pods if p.status.container_statuses
