@@ -479,3 +479,92 @@ def test_a_resolved_value_the_config_refuses_is_not_written(loopback, capsys, mo
     assert rc == 2 and loopback.stack.read_text() == before
     assert out.splitlines()[-1].startswith("k3infra pins: not written: k3:engine")
     assert "must be pinned by digest" in out.splitlines()[-1]
+
+
+# --- registries.conf mirrors ------------------------------------------------------------------
+
+def _conf(tmp_path, text: str, monkeypatch) -> Path:
+    path = tmp_path / "registries.conf"
+    path.write_text(text)
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(path))
+    return path
+
+
+def test_mirrors_in_order_then_the_registry_longest_prefix_wins(tmp_path, monkeypatch):
+    _conf(tmp_path, '''
+[[registry]]
+location = "docker.io"
+[[registry.mirror]]
+location = "mirror.example:5000/hub"
+insecure = true
+[[registry.mirror]]
+location = "by-digest.example/hub"
+pull-from-mirror = "digest-only"
+[[registry.mirror]]
+location = "127.0.0.1:5001/second"
+
+[[registry]]
+prefix = "docker.io/nvidia"
+location = "nvcr-cache.example/nvidia"
+''', monkeypatch)
+    got = [(r.base_url, r.repository) for r in oci.targets("rust:1.90.0-slim-bookworm@sha256:" + ZERO)]
+    assert got == [("http://mirror.example:5000", "hub/library/rust"),
+                   ("http://127.0.0.1:5001", "second/library/rust"),
+                   ("https://registry-1.docker.io", "library/rust")]
+    got = [(r.base_url, r.repository) for r in oci.targets("nvidia/cuda:13.0.2-devel-ubuntu22.04")]
+    assert got == [("https://nvcr-cache.example", "nvidia/cuda")]
+    # Not a path-component match: docker.io/nvidiax is not under docker.io/nvidia.
+    assert [(r.registry, r.repository) for r in oci.targets("nvidiax/tool:1")][-1] == (
+        "registry-1.docker.io", "nvidiax/tool")
+    assert [r.registry for r in oci.targets("ghcr.io/astral-sh/uv:0.8.22")] == ["ghcr.io"]
+
+
+def test_no_registries_conf_asks_the_registry_itself(tmp_path, monkeypatch):
+    monkeypatch.delenv("CONTAINERS_REGISTRIES_CONF", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr("k3infra.pins.mirrors.SYSTEM_FILE", tmp_path / "none.conf")
+    assert [(r.base_url, r.repository) for r in oci.targets("ghcr.io/astral-sh/uv:0.8.22")] == [
+        ("https://ghcr.io", "astral-sh/uv")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[registry]\nlocation = 1", "not readable as TOML"),
+    ('[[registry]]\nlocation = "https://mirror.example"', "registry[0].location = 'https://mirror.example': expected host[:port][/path] (no scheme, no spaces)"),
+    ('[[registry]]\nlocation = "docker.io"\ninsecure = "yes"', "registry[0].insecure = 'yes': expected true or false"),
+    ('[[registry]]\nprefix = "*.docker.io"\nlocation = "x.example"', "wildcard prefixes are not read"),
+    ('[[registry]]\nlocation = "docker.io"\n[[registry.mirror]]\nlocation = "m.example"\npull-from-mirror = "sometimes"',
+     "registry[0].mirror[0].pull-from-mirror = 'sometimes': expected all, digest-only or tag-only"),
+    ('[[registry]]\nlocation = "docker.io"\nblocked = true', "docker.io/library/rust: blocked by"),
+])
+def test_a_bad_registries_conf_is_one_line_naming_the_file(tmp_path, monkeypatch, text, message):
+    path = _conf(tmp_path, text, monkeypatch)
+    with pytest.raises(oci.ResolveError) as err:
+        oci.resolve("rust:1.90.0-slim-bookworm")
+    assert message in str(err.value) and str(path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_named_registries_conf_that_is_not_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(tmp_path))
+    with pytest.raises(oci.ResolveError, match="not a regular file"):
+        oci.resolve("rust:1.90.0-slim-bookworm")
+
+
+def test_a_tag_resolves_through_a_loopback_mirror(tmp_path, monkeypatch):
+    """Docker Hub's name, the mirror's bytes: the pin keeps the image's own name."""
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    from registry import run_registry
+
+    from k3infra.pins import RESOLVED, image_pin
+
+    with run_registry(tmp_path / "registry") as reg:
+        pushed = reg.push(_layout(tmp_path / "l-rust", "1", "rust"), "hub/library/rust", "1.90.0-slim-bookworm")
+        _conf(tmp_path, f'[[registry]]\nlocation = "docker.io"\n[[registry.mirror]]\n'
+                        f'location = "{reg.address}/hub"\n', monkeypatch)
+        pin = image_pin("k3:engine.baseImages.rust", f"rust:1.90.0-slim-bookworm@sha256:{ZERO}", oci.resolve)
+    assert pin.state == RESOLVED
+    assert pin.resolved == "rust:1.90.0-slim-bookworm@" + pushed.split("@")[1]
+    assert pin.source == (f"http://{reg.address}/v2/hub/library/rust/manifests/1.90.0-slim-bookworm "
+                          "(manifest, a registries.conf mirror)")

@@ -80,7 +80,8 @@ def image_pin(key: str, image: str, resolve: Callable) -> Pin:
         return pin
     pin.resolved = f"{ref.name}@{got.digest}"
     kind = f"index, {'/'.join(NODE_PLATFORM)} present" if got.platforms else "manifest"
-    pin.source = f"{ref.base_url}/v2/{ref.repository}/manifests/{ref.tag} ({kind})"
+    asked = got.url or f"{ref.base_url}/v2/{ref.repository}/manifests/{ref.tag}"
+    pin.source = f"{asked} ({kind}{', a registries.conf mirror' if got.mirror else ''})"
     if is_placeholder(image):
         pin.state = RESOLVED
     elif _digest(image) == got.digest:

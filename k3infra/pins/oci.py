@@ -4,8 +4,9 @@ digest from Docker-Content-Digest; on 401, the Bearer token flow its WWW-Authent
 names (realm, service, scope), anonymous. An index must list the nodes' platform.
 
 Standard library only: the operator's machine needs no docker CLI and no credentials for
-public base images. Loopback registries are spoken to over plain HTTP (as dockerd treats
-127.0.0.0/8 as insecure); every other registry over HTTPS.
+public base images. Loopback registries, and mirrors registries.conf marks `insecure`, are
+spoken to over plain HTTP (as dockerd treats 127.0.0.0/8 as insecure); every other registry
+over HTTPS. The mirrors of containers-registries.conf are asked first (mirrors.py).
 """
 from __future__ import annotations
 
@@ -38,12 +39,19 @@ class ImageRef:
     repository: str   # path on that registry (library/ added for Docker Hub)
     tag: str
     name: str         # the reference as written, without the digest: repo:tag
+    insecure: bool = False   # a registries.conf mirror marked insecure: plain HTTP
 
     @property
     def base_url(self) -> str:
         host = self.registry.rsplit(":", 1)[0].strip("[]")
-        scheme = "http" if _is_loopback(host) else "https"
+        scheme = "http" if self.insecure or _is_loopback(host) else "https"
         return f"{scheme}://{self.registry}"
+
+    @property
+    def qualified(self) -> str:
+        """registry/repository as registries.conf names it (Docker Hub as docker.io)."""
+        registry = "docker.io" if self.registry == DOCKER_HUB else self.registry
+        return f"{registry}/{self.repository}"
 
 
 def _is_loopback(host: str) -> bool:
@@ -123,12 +131,50 @@ class Resolved:
     digest: str
     media_type: str
     platforms: tuple[str, ...]   # an index's os/arch list; () for a single manifest
+    url: str = ""                # the manifest URL that answered
+    mirror: bool = False         # answered by a registries.conf mirror
+
+
+def targets(image: str) -> list[ImageRef]:
+    """Where to ask for the image's tag: its registries.conf mirrors, then its registry."""
+    from k3infra.pins.mirrors import DOCKER_HUB as HUB_NAME, MirrorConfigError, endpoints
+
+    ref = parse_ref(image)
+    try:
+        found, rest = endpoints(ref.qualified)
+    except MirrorConfigError as exc:
+        raise ResolveError(str(exc)) from None
+    out = []
+    for e in found:
+        host, _, path = e.location.partition("/")
+        host = DOCKER_HUB if host == HUB_NAME else host
+        repository = "/".join(p for p in (path, rest) if p)
+        out.append(ImageRef(host, repository, ref.tag, ref.name, e.insecure))
+    return out
 
 
 def resolve(image: str, platform: tuple[str, str] = NODE_PLATFORM) -> Resolved:
-    """The digest the registry serves for the image's tag; an index must list `platform`,
-    a single manifest must be built for it."""
-    ref = parse_ref(image)
+    """The digest the registry (or the first mirror that answers) serves for the image's
+    tag; an index must list `platform`, a single manifest must be built for it."""
+    *mirrors, own = targets(image)
+    failed = []
+    for ref in mirrors:
+        try:
+            got = _resolve_at(ref, platform)
+        except ResolveError as exc:
+            failed.append(f"mirror {ref.base_url}: {exc}")
+            continue
+        return Resolved(got.digest, got.media_type, got.platforms, got.url, mirror=True)
+    try:
+        return _resolve_at(own, platform)
+    except ResolveError as exc:
+        if failed:
+            raise ResolveError("; ".join([*failed, str(exc)])) from None
+        raise
+
+
+def _resolve_at(ref: ImageRef, platform: tuple[str, str]) -> Resolved:
+    url = f"{ref.base_url}/v2/{ref.repository}/manifests/{ref.tag}"
     resp, token = _open(ref, "HEAD", ref.tag, None)
     with resp:
         digest = resp.headers.get("Docker-Content-Digest", "")
@@ -147,7 +193,7 @@ def resolve(image: str, platform: tuple[str, str] = NODE_PLATFORM) -> Resolved:
         if want not in platforms:
             raise ResolveError(f"{ref.name}: the index {digest} lists {', '.join(platforms) or 'no platform'}"
                                f", not {want} (the nodes' platform)")
-        return Resolved(digest, media_type, platforms)
+        return Resolved(digest, media_type, platforms, url)
     config = body.get("config", {}).get("digest")
     if config:
         resp, _ = _open_blob(ref, config, token)
@@ -156,7 +202,7 @@ def resolve(image: str, platform: tuple[str, str] = NODE_PLATFORM) -> Resolved:
         got = f"{cfg.get('os')}/{cfg.get('architecture')}"
         if got != want:
             raise ResolveError(f"{ref.name}: {digest} is a {got} image, not {want} (the nodes' platform)")
-    return Resolved(digest, media_type, ())
+    return Resolved(digest, media_type, (), url)
 
 
 class _NoAuthElsewhere(urllib.request.HTTPRedirectHandler):
