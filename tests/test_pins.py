@@ -8,11 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from k3infra.pins import cluster, oci, stackwrite  # noqa: E402
+from registry import config_layout  # noqa: E402
 
 try:
     import ruamel.yaml  # noqa: F401
@@ -192,15 +191,6 @@ def _run(*argv, cwd=None) -> str:
     return subprocess.run(argv, cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _layout(where: Path, tag: str, label: str, arch: str = "amd64") -> Path:
-    """A one-image OCI layout (no layers: a config is enough for a manifest)."""
-    _run("umoci", "init", "--layout", str(where))
-    _run("umoci", "new", "--image", f"{where}:{tag}")
-    _run("umoci", "config", "--image", f"{where}:{tag}", "--architecture", arch,
-         "--config.label", f"k3.test={label}")
-    return where
-
-
 def _index_layout(where: Path, tag: str, arches: tuple[str, ...]) -> Path:
     """A layout whose one tag is an OCI index of one image per architecture."""
     _run("umoci", "init", "--layout", str(where))
@@ -233,42 +223,13 @@ def _push_all(registry, layout: Path, repo: str, tag: str) -> str:
     return f"{registry.address}/{repo}@{registry.manifest_digest(repo, tag)}"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def git_server(tmp_path):
-    """`git daemon` on 127.0.0.1 serving base/vllm.git, with refs/pull/7/head."""
-    base = tmp_path / "git"
-    work = tmp_path / "vllm-work"
-    _run("git", "init", "-q", "--bare", str(base / "vllm.git"))
-    _run("git", "init", "-q", str(work))
-    env = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    def commit(msg):
-        _run("git", *env, "-C", str(work), "commit", "-q", "--allow-empty", "-m", msg)
-        return _run("git", "-C", str(work), "rev-parse", "HEAD")
-    def push_pr(sha):
-        _run("git", "-C", str(work), "push", "-q", "--force", str(base / "vllm.git"),
-             f"{sha}:refs/pull/7/head")
-    first = commit("the measured engine")
-    push_pr(first)
-    port = _free_port()
-    proc = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={base}", "--listen=127.0.0.1",
-                             f"--port={port}", "--reuseaddr", "--informative-errors", str(base)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"git://127.0.0.1:{port}/vllm.git"
-    deadline = time.monotonic() + 20
-    while subprocess.run(["git", "ls-remote", url], capture_output=True).returncode != 0:
-        assert proc.poll() is None and time.monotonic() < deadline, "git daemon did not start"
-        time.sleep(0.1)
-    try:
-        yield SimpleNamespace(url=url, first=first, commit=commit, push_pr=push_pr)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """`git daemon` on 127.0.0.1 serving vllm.git, with refs/pull/7/head."""
+    from gitserver import git_daemon
+
+    with git_daemon(tmp_path, 7) as server:
+        yield server
 
 
 @pytest.fixture
@@ -285,11 +246,11 @@ def loopback(tmp_path, git_server, monkeypatch):
 
     with run_registry(tmp_path / "registry") as reg:
         pushed = {}
-        pushed["proxy"] = reg.push(_layout(tmp_path / "l-proxy", "1", "proxy"), "k3/nginx", "1.28")
+        pushed["proxy"] = reg.push(config_layout(tmp_path / "l-proxy", "1", "proxy"), "k3/nginx", "1.28")
         pushed["cuda"] = _push_all(reg, _index_layout(tmp_path / "l-cuda", "13", ("amd64", "arm64")),
                                    "nvidia/cuda", "13.0.2")
         for name in ("uv", "rust", "buildkit", "reporter"):
-            pushed[name] = reg.push(_layout(tmp_path / f"l-{name}", "1", name), f"k3/{name}", "1")
+            pushed[name] = reg.push(config_layout(tmp_path / f"l-{name}", "1", name), f"k3/{name}", "1")
         project = tmp_path / "project"
         (project / "stacks").mkdir(parents=True)
         (project / "Pulumi.yaml").write_text("name: k3infra\n")
@@ -385,7 +346,7 @@ def test_pins_resolve_write_and_check(loopback, capsys):
 def test_check_refuses_a_moved_tag_and_a_moved_pr_head(loopback, capsys):
     assert _pins(capsys, "--write")[0] == 0
     # The tag moves: another image pushed under k3/uv:1.
-    loopback.registry.push(_layout(loopback.tmp / "l-uv2", "1", "uv, rebuilt"), "k3/uv", "1")
+    loopback.registry.push(config_layout(loopback.tmp / "l-uv2", "1", "uv, rebuilt"), "k3/uv", "1")
     rc, out = _pins(capsys, "--check")
     assert rc == 1
     assert ("refused: k3:engine.baseImages.uv: the tag moved; the recorded digest is what was "
@@ -560,7 +521,7 @@ def test_a_tag_resolves_through_a_loopback_mirror(tmp_path, monkeypatch):
     from k3infra.pins import RESOLVED, image_pin
 
     with run_registry(tmp_path / "registry") as reg:
-        pushed = reg.push(_layout(tmp_path / "l-rust", "1", "rust"), "hub/library/rust", "1.90.0-slim-bookworm")
+        pushed = reg.push(config_layout(tmp_path / "l-rust", "1", "rust"), "hub/library/rust", "1.90.0-slim-bookworm")
         _conf(tmp_path, f'[[registry]]\nlocation = "docker.io"\n[[registry.mirror]]\n'
                         f'location = "{reg.address}/hub"\n', monkeypatch)
         pin = image_pin("k3:engine.baseImages.rust", f"rust:1.90.0-slim-bookworm@sha256:{ZERO}", oci.resolve)

@@ -67,6 +67,19 @@ def layout_digest(layout_dir: Path) -> str:
     return json.loads((layout_dir / "index.json").read_text())["manifests"][0]["digest"]
 
 
+def config_layout(where: Path, tag: str, label: str, arch: str = "amd64") -> Path:
+    """A one-image OCI layout made by umoci, no layers (a config is enough for a manifest):
+    something to push under a tag when only its digest matters."""
+    for argv in (["umoci", "init", "--layout", str(where)],
+                 ["umoci", "new", "--image", f"{where}:{tag}"],
+                 ["umoci", "config", "--image", f"{where}:{tag}", "--architecture", arch,
+                  "--config.label", f"k3.test={label}"]):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RegistryError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return where
+
+
 @dataclass(frozen=True)
 class Registry:
     address: str  # host:port
