@@ -212,6 +212,18 @@ def claims_another_receipt(plan):
         "someone-elses-run")
 
 
+@variant("k3-receipt-annotations")
+def claims_another_engine_commit(plan):
+    serving(plan)["spec"]["template"]["metadata"]["annotations"]["k3infra.dev/engine-commit"] = (
+        "0123456789abcdef0123456789abcdef01234567")
+
+
+@variant("k3-receipt-annotations")
+def claims_a_shorter_engine_commit(plan):
+    serving(plan)["spec"]["template"]["metadata"]["annotations"]["k3infra.dev/engine-commit"] = (
+        R.engine.commit[:7])
+
+
 @variant("k3-gpu-count")
 def half_the_gpus(plan):
     vllm(plan)["resources"]["limits"]["nvidia.com/gpu"] = str(R.measured_gpu.gpus_per_node // 2)

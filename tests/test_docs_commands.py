@@ -97,7 +97,6 @@ NOT_RUN: dict[str, list[str]] = {
     PULUMI: [
         "mkdir -p ~/.pulumi-k3 && pulumi login file://$HOME/.pulumi-k3",
         "pulumi stack init existing",
-        "pulumi config set k3:weightsRevision <40-hex commit of moonshotai/Kimi-K3>",
         "pulumi config set --path k3:weights.storageClass <your ReadWriteMany storage class>",
         "pulumi config set --path k3:engine.registry <a registry/repository you can push to>",
         "pulumi config set --secret k3:apiKey <your API key>",
@@ -131,7 +130,10 @@ NOT_RUN: dict[str, list[str]] = {
     ],
     NETWORK: [
         # docs/pins.md: the image registries, GitHub, the Hub and the cluster
-        # (tests/test_pins.py runs them against loopback servers)
+        # (tests/test_pins.py runs them against loopback servers; make e2e runs the
+        # README's two in its walk-through, tests/e2e/test_apiserver_walkthrough.py)
+        ".venv/bin/k3infra pins --stack existing",
+        ".venv/bin/k3infra pins --stack existing --write --take-revision",
         "k3infra pins --stack existing",
         "k3infra pins --stack existing --write",
         "k3infra pins --stack existing --write --take-revision",

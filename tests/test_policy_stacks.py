@@ -21,6 +21,8 @@ VARIATIONS = {
     "prebuilt": PREBUILT,
     "hf-token": ("k3:hfToken=placeholder-token",),
     "two-replicas": ("k3:replicas=2",),
+    # The full commit `k3infra pins` records (the walk-through's preview met this refused).
+    "engine-commit": ("k3:engine.commit=f68f4fdd" + "0123456789abcdef0123456789abcdef",),
 }
 
 

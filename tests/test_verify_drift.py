@@ -64,6 +64,12 @@ def test_rendered_statefulset_has_no_drift(sts, receipt):
     (lambda c, s: s["status"].update(readyReplicas=0), ["ready replicas"]),
     (lambda c, s: s["metadata"]["annotations"].update({"k3infra.dev/profile": "custom"}),
      ["profile"]),
+    (lambda c, s: s["metadata"]["annotations"].update(
+        {"k3infra.dev/engine-commit": "0123456789abcdef0123456789abcdef01234567"}),
+     ["engine commit annotation"]),
+    # The full commit a build takes (k3:engine.commit) names the receipt's engine.
+    (lambda c, s: s["metadata"]["annotations"].update(
+        {"k3infra.dev/engine-commit": "f68f4fdd" + "0" * 32}), []),
 ])
 def test_drift_is_reported(sts, receipt, mutate, failing):
     expected = _container(sts)["image"]

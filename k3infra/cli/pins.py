@@ -140,7 +140,7 @@ def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
         raise UsageError(f"not written: {exc}") from None
     path.write_text(text)
     console.print(f"wrote {len(writable)} value(s) to {path}: "
-                  + ", ".join(pin.key for pin in writable), highlight=False)
+                  + ", ".join(pin.key for pin in writable), highlight=False, soft_wrap=True)
 
 
 def _show(value, none: str = "unset") -> str:

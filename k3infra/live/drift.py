@@ -58,7 +58,7 @@ def statefulset_drift(sts: dict, receipt: Receipt,
          ann.get("k3infra.dev/receipt") == receipt.id)
     _row(out, area, "engine commit annotation", receipt.engine.commit,
          ann.get("k3infra.dev/engine-commit"),
-         ann.get("k3infra.dev/engine-commit") == receipt.engine.commit)
+         receipt.engine.is_commit(ann.get("k3infra.dev/engine-commit")))
     _row(out, area, "profile", "measured", ann.get("k3infra.dev/profile"),
          ann.get("k3infra.dev/profile") == "measured")
 

@@ -88,7 +88,11 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
                         else "false"}
         for key, want in expected.items():
             found = get(wl.pod_metadata, "annotations", key)
-            if found != want:
+            if key == "k3infra.dev/engine-commit" and want is not None:
+                if not _receipt().engine.is_commit(found):
+                    report(f"{wl.kind} {wl.name}: pod annotation {key} is {found!r}, expected "
+                           f"{want!r} or the full commit starting with it (profile {profile})", None)
+            elif found != want:
                 report(f"{wl.kind} {wl.name}: pod annotation {key} is {found!r}, expected "
                        f"{want!r} (profile {profile})", None)
 

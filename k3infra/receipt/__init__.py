@@ -79,6 +79,12 @@ class Engine(_Strict):
     build_exclusions: list[str]
     cuda_arch: str
 
+    def is_commit(self, value: object) -> bool:
+        """`value` names the receipt's engine: its commit, or a longer one starting with it
+        (the full 40-hex commit a build takes, `k3:engine.commit`)."""
+        return (isinstance(value, str) and len(value) in range(len(self.commit), 41)
+                and all(c in "0123456789abcdef" for c in value) and value.startswith(self.commit))
+
 
 class EngineArg(_Strict):
     flag: str = Field(pattern=r"^--[a-z0-9-]+$")

@@ -38,6 +38,12 @@ import pytest
 ENGINE_BIN_ENV = "K3INFRA_ENGINE_BIN"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 HOST = "127.0.0.1"
+# The address the `kubernetes` Service's endpoints publish (what `k3infra pins` reads as
+# the API server's CIDR). kube-apiserver refuses to publish a loopback address, and then
+# published none: the node's IP inside the node tier's network namespace; outside it an
+# address of TEST-NET-1 (RFC 5737) that nothing routes, since that tier runs no pod that
+# would dial it. The server still listens on HOST only.
+ADVERTISED = os.environ.get("K3INFRA_E2E_NODE_IP") or "192.0.2.10"
 SERVICE_CIDR = "10.96.0.0/24"
 # The controllers the tests rely on (kube-controller-manager's names), and why:
 #   namespace          - a deleted namespace's content is removed and the namespace finalizes
@@ -364,7 +370,7 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
             f"--bind-address={HOST}",
-            f"--advertise-address={HOST}",
+            f"--advertise-address={ADVERTISED}",
             f"--secure-port={api_port}",
             f"--cert-dir={workdir / 'apiserver'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
