@@ -8,28 +8,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Optional
 
 from k3infra.policies.workloads import get
 from k3infra.receipt import Receipt
+from k3infra.serve_argv import ServeLine, parse_serve_args
 from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
-
-
-@dataclass(frozen=True)
-class Arg:
-    flag: str
-    value: Optional[str]
-
-    def __str__(self) -> str:
-        return self.flag if self.value is None else f"{self.flag} {self.value}"
-
-
-@dataclass
-class ServeLine:
-    model: Optional[str]
-    args: list[Arg]
-    stray: list[str]        # positionals after the model directory
 
 
 def _switches(receipt: Receipt) -> set[str]:
@@ -39,31 +23,8 @@ def _switches(receipt: Receipt) -> set[str]:
 
 
 def parse_serve_line(receipt: Receipt, tokens: list[str]) -> ServeLine:
-    """Tokens after `vllm serve` -> model directory, flags with values, stray words.
-    A flag the receipt does not know takes the next word as its value unless that word
-    is itself a flag (how argparse would most likely read it)."""
-    switches = _switches(receipt)
-    model: Optional[str] = None
-    args: list[Arg] = []
-    stray: list[str] = []
-    i = 0
-    while i < len(tokens):
-        word = tokens[i]
-        if word.startswith("--"):
-            flag, eq, inline = word.partition("=")
-            if eq:
-                args.append(Arg(flag, inline))
-            elif flag in switches or i + 1 >= len(tokens) or tokens[i + 1].startswith("--"):
-                args.append(Arg(flag, None))
-            else:
-                args.append(Arg(flag, tokens[i + 1]))
-                i += 1
-        elif model is None and not args:
-            model = word
-        else:
-            stray.append(word)
-        i += 1
-    return ServeLine(model, args, stray)
+    """The one serve-line parser (k3infra.serve_argv), with the receipt's switches."""
+    return parse_serve_args(tokens, _switches(receipt))
 
 
 def _sequence_problems(what: str, expected: list[tuple[str, Optional[str]]],
