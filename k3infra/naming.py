@@ -23,6 +23,7 @@ add-ons (the GPU Operator) are not part of an instance: `k3infra.nodepool.addons
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Optional
 
 from k3infra.config import ConfigError
@@ -84,3 +85,51 @@ def creates_namespace(namespace: str, create: Optional[bool], instance: str) -> 
                       f"must be set when k3:namespace ({namespace!r}) is not the instance "
                       f"name ({instance!r}): true to create and own the namespace (with its "
                       "Pod Security labels), false to deploy into one that exists")
+
+
+@dataclass(frozen=True)
+class ServingNames:
+    base: str
+    namespace: str
+    # True for a multi-node stack: the serving pods are LeaderWorkerSet groups
+    # (k3infra/serving/group.py), `<base>-r<replica>-0` and `<base>-r<replica>-0-<worker>`.
+    groups: bool = False
+
+    @property
+    def statefulset(self) -> str:
+        return self.base
+
+    @property
+    def service(self) -> str:
+        return self.base
+
+    @property
+    def headless(self) -> str:
+        return f"{self.base}-headless"
+
+    @property
+    def api_key_secret(self) -> str:
+        return f"{self.base}-api-key"
+
+    @property
+    def proxy_config(self) -> str:
+        return f"{self.base}-proxy"
+
+    @property
+    def hf_token_secret(self) -> str:
+        return f"{self.base}-hf-token"
+
+    @property
+    def pdb(self) -> str:
+        return self.base
+
+
+def labels(instance: str, component: str = "serving") -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "k3infra",
+            "app.kubernetes.io/managed-by": "pulumi"}
+
+
+def selector_labels(instance: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/component": "serving"}

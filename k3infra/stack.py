@@ -154,7 +154,7 @@ class K3ServingStack(pulumi.ComponentResource):
         # Children carry this component's depends_on (e.g. ClusterAddons) themselves.
         self.pool = B300NodePool(f"{name}-pool", inputs, receipt, child_options(self, opts),
                                  instance=instance)
-        names = m.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
+        names = naming.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
 
         # Created only when this instance owns it (naming.creates_namespace); otherwise the
         # namespace is the user's: no edge, and destroying the instance leaves it.
@@ -173,7 +173,7 @@ class K3ServingStack(pulumi.ComponentResource):
         # The engine image by digest: k3:engineImage, or the build's pushed digest.
         self.engine = EngineBuild(f"{name}-engine", {
             "config": inputs, "receipt": receipt, "base": instance,
-            "labels": m.labels(instance, "engine-build"), "gatesEnforced": True,
+            "labels": naming.labels(instance, "engine-build"), "gatesEnforced": True,
             "offlineRender": offline_render}, in_ns)
         image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
@@ -189,7 +189,7 @@ class K3ServingStack(pulumi.ComponentResource):
 
         self.weights = WeightsPrefetch(
             f"{name}-weights", receipt, inputs, instance, cfg.namespace,
-            m.labels(instance, "weights-prefetch"), image, hf_secret_name,
+            naming.labels(instance, "weights-prefetch"), image, hf_secret_name,
             lock.text if lock else None,
             child_options(self, opts, *ns, *secrets, self.pool))
 
@@ -214,10 +214,10 @@ class K3ServingStack(pulumi.ComponentResource):
 
             self.benchmark = Benchmark(
                 f"{name}-benchmark", receipt, inputs, image, self.weights.parts_for,
-                base=instance, namespace=cfg.namespace, labels=m.labels(instance, "benchmark"),
+                base=instance, namespace=cfg.namespace, labels=naming.labels(instance, "benchmark"),
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
-                serving_selector=m.selector_labels(instance),
+                serving_selector=naming.selector_labels(instance),
                 depends_on=[*self.serving.workloads, *secrets], opts=in_ns)
 
         # k3:accuracy.enabled: the lm-eval smoke test, once serving is ready.
@@ -227,9 +227,9 @@ class K3ServingStack(pulumi.ComponentResource):
 
             self.accuracy = AccuracySmoke(
                 f"{name}-accuracy", receipt, inputs, base=instance, namespace=cfg.namespace,
-                labels=m.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
+                labels=naming.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
                 api_key_secret=names.api_key_secret, api_key_secret_key=m.API_KEY_SECRET_KEY,
-                serving_selector=m.selector_labels(instance),
+                serving_selector=naming.selector_labels(instance),
                 depends_on=[*self.serving.workloads, *secrets], opts=in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.versions import GATEWAY_GROUP
 from k3infra.gates import Gate
-from k3infra.serving import manifests as m
 
 CLIENT_ID = "k3infra"        # the one client of the one key
 AUTH_HEADER = "Authorization"
@@ -33,14 +33,14 @@ def renders_key_policy(cfg: StackConfig) -> bool:
 def keys_secret(names: GatewayNames, instance: str, api_key: Any) -> dict:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": names.keys_secret, "namespace": names.namespace,
-                         "labels": m.labels(instance, "gateway")},
+                         "labels": naming.labels(instance, "gateway")},
             "stringData": {CLIENT_ID: api_key}}
 
 
 def security_policy(names: GatewayNames, instance: str) -> dict:
     return {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "SecurityPolicy",
             "metadata": {"name": names.key_policy, "namespace": names.namespace,
-                         "labels": m.labels(instance, "gateway")},
+                         "labels": naming.labels(instance, "gateway")},
             # On the Gateway, so every route attached to it is covered, and the route
             # can be created after it (no moment with a route and no key check).
             "spec": {"targetRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway",

@@ -4,25 +4,25 @@ and KV-cache series there) and the API server (k3:gateway.apiServerCidrs; it wat
 its pool and the pods)."""
 from __future__ import annotations
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.picker import EXT_PROC_PORT, picker_selector
 from k3infra.netpol import dns_egress, gateway_proxy_peers
-from k3infra.serving import manifests as m
 
 API_SERVER_PORTS = (443, 6443)
 
 
 def picker_policy(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
     egress = [dns_egress(cfg),
-              {"to": [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+              {"to": [{"podSelector": {"matchLabels": naming.selector_labels(instance)}}],
                "ports": [{"port": cfg.serving.metrics_port, "protocol": "TCP"}]}]
     if cfg.gateway.api_server_cidrs:
         egress.append({"to": [{"ipBlock": {"cidr": c}} for c in cfg.gateway.api_server_cidrs],
                        "ports": [{"port": p, "protocol": "TCP"} for p in API_SERVER_PORTS]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": names.picker_policy, "namespace": names.namespace,
-                         "labels": m.labels(instance, "network-policy")},
+                         "labels": naming.labels(instance, "network-policy")},
             "spec": {"podSelector": {"matchLabels": picker_selector(instance)},
                      "policyTypes": ["Ingress", "Egress"],
                      "ingress": [{"from": gateway_proxy_peers(cfg.gateway, names.gateway, names.namespace),

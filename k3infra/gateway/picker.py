@@ -19,13 +19,12 @@ import hashlib
 
 import yaml
 
-from k3infra import checkov_skips
+from k3infra import naming, checkov_skips
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.versions import EPP_CONFIG_API_VERSION, INFERENCE_GROUP
 from k3infra.gates import Gate, is_placeholder
 from k3infra.naming import EPP_COMPONENT
-from k3infra.serving import manifests as m
 
 EXT_PROC_PORT = 9002        # the gateway's ext_proc calls
 HEALTH_PORT = 9003          # gRPC health (kubelet probes)
@@ -56,14 +55,14 @@ def config_text(cfg: StackConfig) -> str:
 def configmap(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": names.picker, "namespace": names.namespace,
-                         "labels": m.labels(instance, EPP_COMPONENT)},
+                         "labels": naming.labels(instance, EPP_COMPONENT)},
             "data": {CONFIG_FILE: config_text(cfg)}}
 
 
 def service_account(names: GatewayNames, instance: str) -> dict:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": names.picker, "namespace": names.namespace,
-                         "labels": m.labels(instance, EPP_COMPONENT)}}
+                         "labels": naming.labels(instance, EPP_COMPONENT)}}
 
 
 def role(names: GatewayNames, instance: str) -> dict:
@@ -72,7 +71,7 @@ def role(names: GatewayNames, instance: str) -> dict:
     read = ["get", "watch", "list"]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": names.picker, "namespace": names.namespace,
-                         "labels": m.labels(instance, EPP_COMPONENT)},
+                         "labels": naming.labels(instance, EPP_COMPONENT)},
             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": read},
                       {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"],
                        "verbs": read},
@@ -84,7 +83,7 @@ def role(names: GatewayNames, instance: str) -> dict:
 def role_binding(names: GatewayNames, instance: str) -> dict:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": names.picker, "namespace": names.namespace,
-                         "labels": m.labels(instance, EPP_COMPONENT)},
+                         "labels": naming.labels(instance, EPP_COMPONENT)},
             "subjects": [{"kind": "ServiceAccount", "name": names.picker,
                           "namespace": names.namespace}],
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -92,7 +91,7 @@ def role_binding(names: GatewayNames, instance: str) -> dict:
 
 
 def picker_selector(instance: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": m.APP, "app.kubernetes.io/instance": instance,
+    return {"app.kubernetes.io/name": naming.APP, "app.kubernetes.io/instance": instance,
             "app.kubernetes.io/component": EPP_COMPONENT}
 
 
@@ -128,7 +127,7 @@ def deployment(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
-    labels = m.labels(instance, EPP_COMPONENT)
+    labels = naming.labels(instance, EPP_COMPONENT)
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": names.picker, "namespace": names.namespace, "labels": labels,
                          "annotations": checkov_skips.annotations(checkov_skips.EPP_SA_TOKEN)},
@@ -152,7 +151,7 @@ def service(names: GatewayNames, instance: str) -> dict:
     """ClusterIP, the ext_proc port only; h2c so the gateway speaks gRPC to it."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": names.picker, "namespace": names.namespace,
-                         "labels": m.labels(instance, EPP_COMPONENT)},
+                         "labels": naming.labels(instance, EPP_COMPONENT)},
             "spec": {"type": "ClusterIP", "selector": picker_selector(instance),
                      "ports": [{"name": "grpc-ext-proc", "port": EXT_PROC_PORT,
                                 "targetPort": EXT_PROC_PORT, "protocol": "TCP",

@@ -2,11 +2,11 @@
 port, and the endpoint picker the gateway asks which pod serves each request."""
 from __future__ import annotations
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.picker import EXT_PROC_PORT
 from k3infra.gateway.versions import INFERENCE_GROUP
-from k3infra.serving import manifests as m
 
 
 def inference_pool(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
@@ -14,8 +14,8 @@ def inference_pool(cfg: StackConfig, names: GatewayNames, instance: str) -> dict
     so a request the gateway sends still passes the in-pod key check."""
     return {"apiVersion": f"{INFERENCE_GROUP}/v1", "kind": "InferencePool",
             "metadata": {"name": names.pool, "namespace": names.namespace,
-                         "labels": m.labels(instance, "gateway")},
-            "spec": {"selector": {"matchLabels": m.selector_labels(instance)},
+                         "labels": naming.labels(instance, "gateway")},
+            "spec": {"selector": {"matchLabels": naming.selector_labels(instance)},
                      "targetPorts": [{"number": cfg.serving.port}],
                      "endpointPickerRef": {"kind": "Service", "name": names.picker,
                                            "port": {"number": EXT_PROC_PORT},

@@ -4,10 +4,10 @@ allows (k3infra.serving.proxy.INFERENCE_ROUTES, the one list; not the benchmark'
 other path gets the gateway's own 404 and never reaches a pod."""
 from __future__ import annotations
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.versions import GATEWAY_GROUP, INFERENCE_GROUP
-from k3infra.serving import manifests as m
 from k3infra.serving.proxy import INFERENCE_ROUTES, READ_TIMEOUT_SECONDS
 
 
@@ -24,7 +24,7 @@ def gateway(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
                            "certificateRefs": [{"kind": "Secret", "name": gw.tls_secret}]}
     return {"apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "Gateway",
             "metadata": {"name": names.gateway, "namespace": names.namespace,
-                         "labels": m.labels(instance, "gateway")},
+                         "labels": naming.labels(instance, "gateway")},
             "spec": {"gatewayClassName": gw.class_name, "listeners": [listener]}}
 
 
@@ -33,7 +33,7 @@ def http_route(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
     a long generation or an SSE stream is cut by neither."""
     return {"apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "HTTPRoute",
             "metadata": {"name": names.route, "namespace": names.namespace,
-                         "labels": m.labels(instance, "gateway")},
+                         "labels": naming.labels(instance, "gateway")},
             "spec": {"parentRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway",
                                      "name": names.gateway}],
                      "rules": [{"matches": [{"path": {"type": "Exact", "value": r.path},

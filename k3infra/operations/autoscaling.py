@@ -22,12 +22,12 @@ Pure: (receipt, config, names) -> the ScaledObject, and the render's cost warnin
 """
 from __future__ import annotations
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.gates import Gate
 from k3infra.operations.metric_names import series
 from k3infra.operations.monitoring import selector
 from k3infra.receipt import Receipt
-from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 
 HPA_MAX_STABILIZATION_SECONDS = 3600     # autoscaling/v2: stabilizationWindowSeconds <= 3600
@@ -43,18 +43,18 @@ def scale_down_window_seconds(receipt: Receipt, cfg: StackConfig) -> int:
     return min(budget, HPA_MAX_STABILIZATION_SECONDS)
 
 
-def waiting_query(names: m.ServingNames) -> str:
+def waiting_query(names: naming.ServingNames) -> str:
     return f"sum({series('vllm:num_requests_waiting')}{selector(names)})"
 
 
-def scaled_object(receipt: Receipt, cfg: StackConfig, names: m.ServingNames,
+def scaled_object(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
                   instance: str) -> dict:
     a = cfg.autoscaling
     window = scale_down_window_seconds(receipt, cfg)
     down_period = min(max(window, SCALE_UP_PERIOD_SECONDS), HPA_MAX_POLICY_PERIOD_SECONDS)
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
             "metadata": {"name": names.base, "namespace": names.namespace,
-                         "labels": m.labels(instance, "autoscaling")},
+                         "labels": naming.labels(instance, "autoscaling")},
             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet",
                                         "name": names.statefulset},
                      "minReplicaCount": a.min, "maxReplicaCount": a.max,

@@ -7,6 +7,7 @@ from typing import Optional, Union
 
 import pulumi
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, child_options
@@ -15,10 +16,9 @@ from k3infra.operations.dashboard import dashboard_configmap
 from k3infra.operations.monitoring import monitoring_objects
 from k3infra.operations.network import network_policies
 from k3infra.receipt import Receipt
-from k3infra.serving import manifests as m
 
 
-def _objects(receipt: Receipt, cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
+def _objects(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames, instance: str) -> list[dict]:
     objects = monitoring_objects(receipt, cfg, names, instance)
     if cfg.monitoring.dashboard:
         objects.append(dashboard_configmap(receipt, cfg, names, instance))
@@ -35,7 +35,7 @@ class ServingOperations(pulumi.ComponentResource):
     monitoring_kinds: pulumi.Output[list]
 
     def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
-                 names: m.ServingNames, instance: str,
+                 names: naming.ServingNames, instance: str,
                  opts: Optional[pulumi.ResourceOptions] = None):
         inputs = StackInputs.of(cfg)
         super().__init__("k3infra:index:ServingOperations", name, None, opts)

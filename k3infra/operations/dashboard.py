@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
 from k3infra.operations.monitoring import VLLM_CONTAINER, reference_latency
 from k3infra.receipt import Receipt
-from k3infra.serving import manifests as m
 
 UID = "kimi-k3-vllm"
 FILE_NAME = f"{UID}.json"
@@ -199,12 +199,12 @@ def dashboard_json(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = N
     return json.dumps(dashboard(receipt, node_rate_usd_per_hour), indent=2) + "\n"
 
 
-def dashboard_configmap(receipt: Receipt, cfg: StackConfig, names: m.ServingNames,
+def dashboard_configmap(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
                         instance: str) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{names.base}-dashboard",
                          "namespace": cfg.monitoring.dashboard_namespace or names.namespace,
-                         "labels": {**m.labels(instance, "dashboard"), **SIDECAR_LABEL}},
+                         "labels": {**naming.labels(instance, "dashboard"), **SIDECAR_LABEL}},
             "data": {FILE_NAME: dashboard_json(receipt, cfg.monitoring.node_rate_usd_per_hour)}}
 
 

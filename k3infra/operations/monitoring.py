@@ -11,11 +11,10 @@ ServiceMonitor or PodMonitor attaches); kube-state-metrics series carry the pod'
 """
 from __future__ import annotations
 
-from k3infra import topology
+from k3infra import naming, topology
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
 from k3infra.receipt import Measurement, Receipt
-from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 
 METRICS_PATH = "/metrics"          # the proxy's metrics port, without the API key
@@ -28,7 +27,7 @@ LATENCY_WINDOW = "15m"
 RATE_WINDOW = "10m"
 
 
-def metrics_service_name(names: m.ServingNames) -> str:
+def metrics_service_name(names: naming.ServingNames) -> str:
     return f"{names.base}-metrics"
 
 
@@ -45,7 +44,7 @@ def p99_threshold_seconds(receipt: Receipt, cfg: StackConfig) -> float:
     return reference_latency(receipt).p99_ms / 1000 * (1 + cfg.monitoring.p99_margin_pct / 100)
 
 
-def pod_regex(names: m.ServingNames) -> str:
+def pod_regex(names: naming.ServingNames) -> str:
     """StatefulSet pods are `<name>-<ordinal>`; a multi-node group's leader
     `<base>-r<replica>-0` and its worker `<base>-r<replica>-0-<index>`."""
     if names.groups:
@@ -53,7 +52,7 @@ def pod_regex(names: m.ServingNames) -> str:
     return f"{names.statefulset}-[0-9]+"
 
 
-def selector(names: m.ServingNames, **extra: str) -> str:
+def selector(names: naming.ServingNames, **extra: str) -> str:
     """PromQL label matchers for the serving pods' series."""
     parts = [f'namespace="{names.namespace}"', f'pod=~"{pod_regex(names)}"']
     parts += [f'{k}="{v}"' for k, v in extra.items()]
@@ -62,31 +61,31 @@ def selector(names: m.ServingNames, **extra: str) -> str:
 
 def metrics_service_selector(instance: str) -> dict[str, str]:
     """The metrics Service's own labels the ServiceMonitor selects (not the API Services')."""
-    return {"app.kubernetes.io/name": m.APP, "app.kubernetes.io/instance": instance,
+    return {"app.kubernetes.io/name": naming.APP, "app.kubernetes.io/instance": instance,
             METRICS_SERVICE_LABEL: "true"}
 
 
-def metrics_service(names: m.ServingNames, instance: str, port: int) -> dict:
+def metrics_service(names: naming.ServingNames, instance: str, port: int) -> dict:
     """A headless Service only for scraping: the API Services carry identical labels, so
     a ServiceMonitor selecting them would scrape every pod twice. It publishes pods that
     are not Ready too: an engine failing /health is exactly the one to look at."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": metrics_service_name(names), "namespace": names.namespace,
-                         "labels": {**m.labels(instance, "metrics"), METRICS_SERVICE_LABEL: "true"}},
+                         "labels": {**naming.labels(instance, "metrics"), METRICS_SERVICE_LABEL: "true"}},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      # A multi-node group's metrics are its leader's (the worker serves none).
-                     "selector": ({**m.selector_labels(instance),
+                     "selector": ({**naming.selector_labels(instance),
                                    topology.LWS_WORKER_INDEX_LABEL: "0"} if names.groups
-                                  else m.selector_labels(instance)),
+                                  else naming.selector_labels(instance)),
                      "ports": [{"name": "metrics", "port": port, "targetPort": "metrics",
                                 "protocol": "TCP"}]}}
 
 
-def service_monitor(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+def service_monitor(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
     interval = cfg.monitoring.scrape_interval
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": {"name": names.base, "namespace": names.namespace,
-                         "labels": {**m.labels(instance, "metrics"), **cfg.monitoring.labels}},
+                         "labels": {**naming.labels(instance, "metrics"), **cfg.monitoring.labels}},
             "spec": {"selector": {"matchLabels": metrics_service_selector(instance)},
                      "namespaceSelector": {"matchNames": [names.namespace]},
                      "endpoints": [{"port": "metrics", "path": METRICS_PATH, "scheme": "http",
@@ -107,7 +106,7 @@ def _rule(alert: str, expr: str, for_: str, severity: str, summary: str,
             "annotations": {"summary": summary, "description": description}}
 
 
-def _starting(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> str:
+def _starting(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) -> str:
     """Pods whose vLLM container started within the startup budget: loading 1.5 TB and
     capturing graphs, not down. Used with `unless`, so without kube-state-metrics the
     alerts still fire (also during a start)."""
@@ -116,7 +115,7 @@ def _starting(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> str:
     return (f"(time() - {started}{selector(names, container=VLLM_CONTAINER)} < {budget})")
 
 
-def alert_rules(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> list[dict]:
+def alert_rules(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) -> list[dict]:
     mon = cfg.monitoring
     sel = selector(names)
     ns = names.namespace
@@ -208,16 +207,16 @@ def alert_rules(receipt: Receipt, cfg: StackConfig, names: m.ServingNames) -> li
     ]
 
 
-def prometheus_rule(receipt: Receipt, cfg: StackConfig, names: m.ServingNames,
+def prometheus_rule(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
                     instance: str) -> dict:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": names.base, "namespace": names.namespace,
-                         "labels": {**m.labels(instance, "metrics"), **cfg.monitoring.labels}},
+                         "labels": {**naming.labels(instance, "metrics"), **cfg.monitoring.labels}},
             "spec": {"groups": [{"name": RULE_GROUP,
                                  "rules": alert_rules(receipt, cfg, names)}]}}
 
 
-def monitoring_objects(receipt: Receipt, cfg: StackConfig, names: m.ServingNames,
+def monitoring_objects(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
                        instance: str) -> list[dict]:
     """What k3:monitoring asks for (the dashboard is in dashboard.py)."""
     out: list[dict] = []

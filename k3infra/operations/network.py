@@ -45,14 +45,13 @@ subject to these policies on the common CNIs (Calico, Cilium, VPC CNI, OCI VCN-n
 """
 from __future__ import annotations
 
-from k3infra import topology
+from k3infra import naming, topology
 from k3infra.config import StackConfig
 from k3infra.naming import (ACCURACY_COMPONENT, BENCHMARK_COMPONENT,
                             BENCHMARK_READER_COMPONENT, EPP_COMPONENT, PREFETCH_COMPONENT,
                             SOURCE_COMPONENT)
 from k3infra.netpol import default_deny, dns_egress, gateway_proxy_peers, internet_peers
 from k3infra.netpol import namespace_peer as _namespace_peer
-from k3infra.serving import manifests as m
 from k3infra.weights import fanout
 
 
@@ -65,7 +64,7 @@ def policy_names(base: str) -> dict[str, str]:
 
 
 def component_selector(instance: str, component: str) -> dict:
-    return {"matchLabels": {"app.kubernetes.io/name": m.APP,
+    return {"matchLabels": {"app.kubernetes.io/name": naming.APP,
                             "app.kubernetes.io/instance": instance,
                             "app.kubernetes.io/component": component}}
 
@@ -93,7 +92,7 @@ def hub_egress(cfg: StackConfig) -> dict:
             "ports": [{"port": port, "protocol": "TCP"} for port in cfg.network.hub_ports]}
 
 
-def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+def serving_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
     peers = serving_ingress_peers(cfg, instance)
     ingress = [{"from": peers, "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}] \
         if peers else []
@@ -115,8 +114,8 @@ def serving_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> di
         egress.append(group_rule("to", instance))
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": policy_names(names.base)["serving"], "namespace": names.namespace,
-                         "labels": m.labels(instance, "network-policy")},
-            "spec": {"podSelector": {"matchLabels": m.selector_labels(instance)},
+                         "labels": naming.labels(instance, "network-policy")},
+            "spec": {"podSelector": {"matchLabels": naming.selector_labels(instance)},
                      "policyTypes": ["Ingress", "Egress"],
                      "ingress": ingress, "egress": egress}}
 
@@ -125,16 +124,16 @@ def group_rule(direction: str, instance: str) -> dict:
     """A multi-node group's own traffic: every unprivileged TCP port between the serving
     pods of `instance` (`direction`: "from" for ingress, "to" for egress)."""
     low, high = topology.GROUP_PORT_RANGE
-    return {direction: [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+    return {direction: [{"podSelector": {"matchLabels": naming.selector_labels(instance)}}],
             "ports": [{"port": low, "endPort": high, "protocol": "TCP"}]}
 
 
-def _policy(name: str, names: m.ServingNames, instance: str, selector: dict,
+def _policy(name: str, names: naming.ServingNames, instance: str, selector: dict,
             egress: list[dict]) -> dict:
     """A policy for one component's pods: no ingress, the given egress."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": name, "namespace": names.namespace,
-                         "labels": m.labels(instance, "network-policy")},
+                         "labels": naming.labels(instance, "network-policy")},
             "spec": {"podSelector": selector,
                      "policyTypes": ["Ingress", "Egress"],
                      "ingress": [], "egress": egress}}
@@ -145,7 +144,7 @@ def _to_sources(instance: str) -> dict:
             "ports": [{"port": fanout.SOURCE_PORT, "protocol": "TCP"}]}
 
 
-def prefetch_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+def prefetch_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
     egress = [dns_egress(cfg), hub_egress(cfg)]
     if fanout.serving_copies(cfg):
         egress.append(_to_sources(instance))      # this stack's in-cluster sources, their port
@@ -153,7 +152,7 @@ def prefetch_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> d
                    component_selector(instance, PREFETCH_COMPONENT), egress)
 
 
-def source_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+def source_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
     """In-cluster weights sources: ingress only from this stack's prefetch pods, only on
     the source port; no egress (they read a volume and answer)."""
     pol = _policy(policy_names(names.base)["source"], names, instance,
@@ -163,8 +162,8 @@ def source_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dic
     return pol
 
 
-def benchmark_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
-    to_serving = {"to": [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+def benchmark_policies(cfg: StackConfig, names: naming.ServingNames, instance: str) -> list[dict]:
+    to_serving = {"to": [{"podSelector": {"matchLabels": naming.selector_labels(instance)}}],
                   "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}
     pols = policy_names(names.base)
     # The reader pod is started by the CLI, labelled by part-of and component only.
@@ -176,9 +175,9 @@ def benchmark_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -
             _policy(pols["benchmark-reader"], names, instance, reader, [])]
 
 
-def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> list[dict]:
+def network_policies(cfg: StackConfig, names: naming.ServingNames, instance: str) -> list[dict]:
     out = [default_deny(policy_names(names.base)["default-deny"], names.namespace,
-                        m.labels(instance, "network-policy")),
+                        naming.labels(instance, "network-policy")),
            serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
     if fanout.serving_copies(cfg):
         out.append(source_policy(cfg, names, instance))
@@ -189,9 +188,9 @@ def network_policies(cfg: StackConfig, names: m.ServingNames, instance: str) -> 
     return out
 
 
-def accuracy_policy(cfg: StackConfig, names: m.ServingNames, instance: str) -> dict:
+def accuracy_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
     """The AccuracySmoke Job: no ingress; DNS and the serving API port only."""
-    to_serving = {"to": [{"podSelector": {"matchLabels": m.selector_labels(instance)}}],
+    to_serving = {"to": [{"podSelector": {"matchLabels": naming.selector_labels(instance)}}],
                   "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}
     return _policy(policy_names(names.base)["accuracy"], names, instance,
                    component_selector(instance, ACCURACY_COMPONENT), [dns_egress(cfg), to_serving])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from k3infra import checkov_skips, naming, placement, topology
@@ -19,6 +18,7 @@ from k3infra.config import ConfigError, StackConfig
 from k3infra.receipt import Receipt
 from k3infra.serving.startup import (BUDGET_ANNOTATION, PROBE_PERIOD_SECONDS, StartupBudget,
                                      startup_budget_seconds)
+from k3infra.naming import ServingNames, labels, selector_labels
 from k3infra.weights.manifests import GATE_CHECK, WeightsParts
 
 APP = naming.APP
@@ -34,54 +34,6 @@ WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
 # Left between the end of the drain and the grace period's SIGKILL, for vLLM's own
 # shutdown (workers, NCCL teardown).
 SHUTDOWN_SECONDS = 30
-
-
-@dataclass(frozen=True)
-class ServingNames:
-    base: str
-    namespace: str
-    # True for a multi-node stack: the serving pods are LeaderWorkerSet groups
-    # (k3infra/serving/group.py), `<base>-r<replica>-0` and `<base>-r<replica>-0-<worker>`.
-    groups: bool = False
-
-    @property
-    def statefulset(self) -> str:
-        return self.base
-
-    @property
-    def service(self) -> str:
-        return self.base
-
-    @property
-    def headless(self) -> str:
-        return f"{self.base}-headless"
-
-    @property
-    def api_key_secret(self) -> str:
-        return f"{self.base}-api-key"
-
-    @property
-    def proxy_config(self) -> str:
-        return f"{self.base}-proxy"
-
-    @property
-    def hf_token_secret(self) -> str:
-        return f"{self.base}-hf-token"
-
-    @property
-    def pdb(self) -> str:
-        return self.base
-
-
-def labels(instance: str, component: str = "serving") -> dict[str, str]:
-    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
-            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "k3infra",
-            "app.kubernetes.io/managed-by": "pulumi"}
-
-
-def selector_labels(instance: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": instance,
-            "app.kubernetes.io/component": "serving"}
 
 
 def is_measured(cfg: StackConfig) -> bool:
