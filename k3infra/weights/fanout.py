@@ -158,3 +158,19 @@ def fill_plan(receipt: Receipt, cfg: StackConfig) -> FillPlan:
                     baseline_seconds=size / hub,
                     rates={"hub": cfg.weights.download_gbps, "cluster": cfg.weights.cluster_gbps,
                            "read": cfg.serving.storage_read_gbps})
+
+
+# --- the names the prefetch reads its sources by ---------------------------------------
+
+def source_name(base: str, i: int) -> str:
+    """The Service (and StatefulSet) of copy i's in-cluster source (source_server.py)."""
+    return f"{base}-weights-source-{i}"
+
+
+def source_url(base: str, namespace: str, i: int) -> str:
+    return f"http://{source_name(base, i)}.{namespace}.svc:{SOURCE_PORT}"
+
+
+def sources_env(cfg: StackConfig, base: str, namespace: str, i: int) -> str:
+    """K3_WEIGHTS_SOURCES of copy i's prefetch Job (k3weights.sources)."""
+    return ",".join(HUB if o == HUB else source_url(base, namespace, o) for o in origins(cfg, i))

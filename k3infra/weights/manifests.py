@@ -22,6 +22,7 @@ from k3infra import checkov_skips, placement
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
+from k3infra.weights import RUNTIME_FILES, SHARED_FILES, fanout, runtime_paths
 
 WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in pods
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
@@ -128,8 +129,6 @@ def runtime_files() -> dict[str, str]:
 # hashed them ~6000 times: 49 s; issue 28).
 @functools.lru_cache(maxsize=1)
 def _runtime_sources() -> tuple[tuple[str, str], ...]:
-    from k3infra.weights import runtime_paths
-
     data = {f"{RUNTIME_PACKAGE}.{name}": path.read_text() for name, path in runtime_paths().items()}
     pkg = resources.files("k3infra.weights")
     for script in POD_SCRIPTS:
@@ -162,8 +161,6 @@ def runtime_configmap(base: str, namespace: str, labels: dict, lock_text: Option
 
 
 def _runtime_items(has_lock: bool) -> list[dict]:
-    from k3infra.weights import RUNTIME_FILES, SHARED_FILES
-
     items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"}
              for n in (*RUNTIME_FILES, *SHARED_FILES)]
     items += [{"key": s, "path": s} for s in POD_SCRIPTS]
@@ -307,8 +304,6 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
                   image: Any, hf_token_secret: Optional[str], lock_text: Optional[str]) -> list[dict]:
     """The prefetch: one Job on the shared volume, or one per replica's local volume
     (the only pods that hold the HF token and reach the Hub)."""
-    from k3infra.weights.source_server import sources_env
-
     lay = layout(receipt, cfg)
     pod_labels = {**labels, "app.kubernetes.io/component": "weights-prefetch"}
     per_node = cfg.weights.mode == "node-local"
@@ -316,7 +311,7 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
     for i in range(cfg.replicas if per_node else 1):
         # Where this copy's bytes come from, in order (k3infra/weights/fanout.py).
         origin = {"name": "K3_WEIGHTS_SOURCES",
-                  "value": sources_env(cfg, base, namespace, i)}
+                  "value": fanout.sources_env(cfg, base, namespace, i)}
         container = {"name": "prefetch", "image": image, "imagePullPolicy": "IfNotPresent",
                      "command": ["sh", "-c", PREFETCH_SCRIPT],
                      "env": [*_prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret), origin],
@@ -371,9 +366,7 @@ def prefetch_timeout_seconds(receipt: Receipt, cfg: StackConfig) -> int:
     """How long `pulumi up` waits for a prefetch Job that fills from the Hub: download at
     the expected bandwidth, twice over for retries and hashing, plus 30 minutes (in-cluster
     fills: k3infra/weights/fanout.py)."""
-    from k3infra.weights.fanout import hub_fill_seconds
-
-    return hub_fill_seconds(receipt, cfg)
+    return fanout.hub_fill_seconds(receipt, cfg)
 
 
 def gate_summary(receipt: Receipt, cfg: StackConfig) -> str:

@@ -52,20 +52,6 @@ NGINX_RESOURCES = {"requests": {"cpu": "2", "memory": "512Mi"},
                    "limits": {"cpu": str(NGINX_CPU_LIMIT), "memory": "1Gi"}}
 
 
-def source_name(base: str, i: int) -> str:
-    return f"{base}-weights-source-{i}"
-
-
-def source_url(base: str, namespace: str, i: int) -> str:
-    return f"http://{source_name(base, i)}.{namespace}.svc:{fanout.SOURCE_PORT}"
-
-
-def sources_env(cfg: StackConfig, base: str, namespace: str, i: int) -> str:
-    """K3_WEIGHTS_SOURCES of copy i's prefetch Job (k3weights.sources)."""
-    return ",".join(fanout.HUB if o == fanout.HUB else source_url(base, namespace, o)
-                    for o in fanout.origins(cfg, i))
-
-
 def nginx_conf(lay: w.WeightsLayout, weights_root: str = w.WEIGHTS_ROOT,
                tmp_dir: str = TMP_DIR, port: int = fanout.SOURCE_PORT) -> str:
     """nginx.conf of a source. `weights_root`, `tmp_dir` and `port` are parameters only
@@ -158,7 +144,7 @@ def source_deployment(receipt: Receipt, cfg: StackConfig, base: str, namespace: 
     selector = {"app.kubernetes.io/instance": labels["app.kubernetes.io/instance"],
                 "app.kubernetes.io/component": SOURCE_COMPONENT, COPY_LABEL: str(i)}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": source_name(base, i), "namespace": namespace,
+            "metadata": {"name": fanout.source_name(base, i), "namespace": namespace,
                          "labels": pod_labels,
                          "annotations": checkov_skips.annotations(checkov_skips.ENGINE_IMAGE_UID)},
             "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
@@ -168,7 +154,7 @@ def source_deployment(receipt: Receipt, cfg: StackConfig, base: str, namespace: 
 
 def source_service(base: str, namespace: str, labels: dict, i: int) -> dict:
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": source_name(base, i), "namespace": namespace,
+            "metadata": {"name": fanout.source_name(base, i), "namespace": namespace,
                          "labels": _labels(labels, i)},
             "spec": {"type": "ClusterIP",
                      "selector": {"app.kubernetes.io/instance": labels["app.kubernetes.io/instance"],
