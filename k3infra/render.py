@@ -114,10 +114,35 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
     from pulumi.runtime import rpc
 
     result = Render(stack, raw, list(secret_keys))
+    # The SDK's MockMonitor gives each executor thread it runs in an event loop of its own
+    # and never closes them: after a refusal, interpreter exit then printed a traceback per
+    # loop (BaseEventLoop.__del__). They are closed with the render's own loop.
+    thread_loops: set = set()
+
+    def _keep_thread_loop() -> None:
+        try:
+            thread_loops.add(asyncio.get_event_loop_policy().get_event_loop())
+        except RuntimeError:    # this thread has none (the call did not need one)
+            pass
 
     class Recorder(MockMonitor):
+        def Invoke(self, request):  # noqa: N802 (gRPC name)
+            try:
+                return super().Invoke(request)
+            finally:
+                _keep_thread_loop()
+
+        def ReadResource(self, request):  # noqa: N802 (gRPC name)
+            try:
+                return super().ReadResource(request)
+            finally:
+                _keep_thread_loop()
+
         def RegisterResource(self, request):  # noqa: N802 (gRPC name)
-            response = super().RegisterResource(request)
+            try:
+                response = super().RegisterResource(request)
+            finally:
+                _keep_thread_loop()
             if request.type != "pulumi:pulumi:Stack":
                 timeouts = request.customTimeouts
                 result.resources.append({
@@ -174,6 +199,9 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
             result.outputs[key] = redact(resolved) if not _is_secret(value) else SECRET_PLACEHOLDER
     finally:
         runtime_config.set_all_config({}, [])
+        for other in thread_loops - {loop}:
+            if not other.is_running():
+                other.close()
         loop.close()
         asyncio.set_event_loop(None)
     return result

@@ -266,3 +266,21 @@ def test_the_proxys_config_reads_as_a_file_in_the_render(tmp_path):
     secret = yaml.safe_load(next((tmp_path / "manifests").glob("*-secret-kimi-k3-api-key.yaml"))
                             .read_text())
     assert secret["stringData"] == {"keys.map": "[secret]", "api-key": "[secret]"}
+
+
+def test_a_refusal_inside_the_program_is_one_line_and_nothing_at_exit():
+    """A preflight refusal is raised while the mock monitor's threads hold event loops of
+    their own; left open, each printed a BaseEventLoop.__del__ traceback at exit."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from k3infra.cli import main; sys.exit(main())",
+         "render", "--stack", "aws", "--config", f"weightsRevision={GOOD_REVISION}",
+         "--config", "replicas=3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == ("k3infra render: k3:nodePool.nodeCount = 1: k3:replicas = 3 needs at "
+                           "least 3 nodes: one replica is one whole 8-GPU node (TP8), never two "
+                           "on one node\n")
