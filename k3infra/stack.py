@@ -73,6 +73,8 @@ class K3ServingStackArgs(TypedDict, total=False):
     network: dict
     gateway: dict                 # the inference gateway (docs/gateway.md)
     autoscaling: dict             # KEDA on queue depth (docs/gateway.md)
+    coldStart: dict               # the cold-start phase rates and budgets (docs/coldstart.md)
+    host: dict                    # the Docker host stack's host (docs/host.md)
 
 
 class K3ServingStack(pulumi.ComponentResource):

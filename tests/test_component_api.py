@@ -541,3 +541,13 @@ def test_eks_kubeconfig_uses_the_aws_cli_token():
         "interactiveMode": "Never"}
     assert cfg["clusters"][0]["cluster"] == {
         "server": "https://ABC.gr7.us-east-1.eks.amazonaws.com", "certificate-authority-data": "Q0E="}
+
+
+def test_the_args_type_names_every_stack_key():
+    """K3ServingStackArgs is hand-written for editors; it had drifted from the config
+    (coldStart and host were missing). Every k3:* key, and nothing else."""
+    from k3infra.config import StackConfig
+    from k3infra.stack import K3ServingStackArgs
+
+    keys = {field.alias or name for name, field in StackConfig.model_fields.items()}
+    assert set(K3ServingStackArgs.__annotations__) == keys
