@@ -206,6 +206,10 @@ def check_plan(plan: Mapping[str, Any], policies: Optional[Iterable[Policy]] = N
                pack_config: Optional[Mapping[str, Any]] = None) -> Report:
     """Every policy over every resource (resource policies) and over the whole plan
     (stack policies); findings carry the policy name, level, resource and message."""
+    # The one private name of the SDK here: `args.not_applicable()` raises it and
+    # pulumi-policy exports no public type for it; the analyzer server catches the same
+    # class. `make e2e` runs the pack through the real analyzer (`pulumi preview
+    # --policy-pack`), so a change in the SDK shows there first.
     from pulumi_policy.policy import _NotApplicableError
     from pulumi_policy.proxy import UnknownValueError
 
