@@ -22,7 +22,9 @@ from k3infra.config import (CONFIG_NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, a
 
 # `__main__.py` reads this global of its own run; only the renderer sets it.
 RENDER_MODE_GLOBAL = "__k3infra_render_mode__"
-_SECRET_SIG = "4dabf18193072939515e22adb298388d"   # pulumi's secret wrapper signature key
+# The resource protocol's signature key of a wrapped value ({sig: secret-sig, value}): a
+# wire constant of Pulumi's gRPC protocol, the same in every SDK.
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"
 
 
 @dataclass
@@ -108,8 +110,6 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
     import pulumi
     from pulumi.runtime import config as runtime_config
     from pulumi.runtime.mocks import MockMonitor
-    from pulumi.runtime.stack import run_pulumi_func
-    from pulumi.runtime.sync_await import _sync_await
     from pulumi.runtime.proto import resource_pb2  # noqa: F401  (loads the protos)
     from pulumi.runtime import rpc
 
@@ -185,18 +185,30 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
         pulumi.runtime.set_mocks(monitor_mocks, project=CONFIG_NAMESPACE, stack=stack, preview=False,
                                  logger=logger, monitor=Recorder(monitor_mocks))
         root_stack = pulumi.runtime.get_root_resource()
-        try:
+        exported: dict[str, tuple[Any, bool]] = {}
+
+        # The SDK's public mock runner: it runs the program, waits for every registration
+        # and for the Output it returns (the stack outputs, with their secret flags).
+        @pulumi.runtime.test
+        def program():
             # The render mode is handed to the program explicitly (a global of its run),
             # never through the environment: `pulumi up` cannot inherit it.
-            _sync_await(run_pulumi_func(lambda: runpy.run_path(
-                str(root / "__main__.py"), run_name="__main__",
-                init_globals={RENDER_MODE_GLOBAL: "offline"})))
+            runpy.run_path(str(root / "__main__.py"), run_name="__main__",
+                           init_globals={RENDER_MODE_GLOBAL: "offline"})
+
+            async def outputs() -> None:
+                for key, value in (root_stack.outputs or {}).items():
+                    out = pulumi.Output.from_input(value)
+                    exported[key] = (await out.future(), await out.is_secret())
+            return pulumi.Output.from_input(asyncio.ensure_future(outputs()))
+
+        try:
+            program()
         except pulumi.RunError as exc:
             # The program wraps k3infra's refusals for the CLI; a render raises the refusal.
             raise (exc.__cause__ or exc) from None
-        for key, value in (root_stack.outputs or {}).items():
-            resolved = _sync_await(pulumi.Output.from_input(value).future())
-            result.outputs[key] = redact(resolved) if not _is_secret(value) else SECRET_PLACEHOLDER
+        for key, (value, secret) in exported.items():
+            result.outputs[key] = SECRET_PLACEHOLDER if secret else redact(value)
     finally:
         runtime_config.set_all_config({}, [])
         for other in thread_loops - {loop}:
@@ -205,13 +217,6 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
         loop.close()
         asyncio.set_event_loop(None)
     return result
-
-
-def _is_secret(value: Any) -> bool:
-    import pulumi
-    from pulumi.runtime.sync_await import _sync_await
-
-    return isinstance(value, pulumi.Output) and bool(_sync_await(value.is_secret()))
 
 
 def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = None) -> Render:
