@@ -11,7 +11,7 @@ grep -qxF /.gpu-extra/ .git/info/exclude || echo /.gpu-extra/ >> .git/info/exclu
 rm -rf .gpu-extra/repo && mkdir -p .gpu-extra/repo/benchmarks .gpu-extra/debs
 cp -r "$src/k3infra" .gpu-extra/repo/
 cp "$src/benchmarks/gpu_start.py" .gpu-extra/repo/benchmarks/
-cp "$src"/benchmarks/gpu/{env.sh,callA.sh,callB.sh,callC.sh} .gpu-extra/
+cp "$src"/benchmarks/gpu/{env.sh,callA.sh,callB.sh,callC.sh,callL.sh,callM.sh,callX.sh,callY.sh} .gpu-extra/
 find .gpu-extra/repo -name __pycache__ -prune -exec rm -rf {} +
 # Debian 12's nginx (nginx-light is a metapackage there) and the libraries it links.
 (cd .gpu-extra/debs && apt-get download nginx nginx-common libnginx-mod-http-echo nginx-light \
