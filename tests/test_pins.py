@@ -529,3 +529,11 @@ def test_a_tag_resolves_through_a_loopback_mirror(tmp_path, monkeypatch):
     assert pin.resolved == "rust:1.90.0-slim-bookworm@" + pushed.split("@")[1]
     assert pin.source == (f"http://{reg.address}/v2/hub/library/rust/manifests/1.90.0-slim-bookworm "
                           "(manifest, a registries.conf mirror)")
+
+
+def test_a_registry_mirrored_by_digest_only_is_asked_itself_for_a_tag(tmp_path, monkeypatch):
+    """mirror-by-digest-only: its mirrors serve digests, never tags (docs/pins.md)."""
+    _conf(tmp_path, '[[registry]]\nlocation = "docker.io"\nmirror-by-digest-only = true\n'
+                    '[[registry.mirror]]\nlocation = "mirror.example/hub"\n', monkeypatch)
+    assert [(r.base_url, r.repository) for r in oci.targets("rust:1.90.0-slim-bookworm")] == [
+        ("https://registry-1.docker.io", "library/rust")]

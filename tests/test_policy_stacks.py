@@ -9,6 +9,7 @@ import pytest
 
 from k3infra.cli import main
 from k3infra.policies.runner import check_plan
+from k3infra.receipt import load_receipt
 from k3infra.render import write_render
 
 from conftest import PREBUILT, STACKS, render
@@ -22,7 +23,7 @@ VARIATIONS = {
     "hf-token": ("k3:hfToken=placeholder-token",),
     "two-replicas": ("k3:replicas=2",),
     # The full commit `k3infra pins` records (the walk-through's preview met this refused).
-    "engine-commit": ("k3:engine.commit=f68f4fdd" + "0123456789abcdef0123456789abcdef",),
+    "engine-commit": ("k3:engine.commit=" + (load_receipt().engine.commit + "0" * 40)[:40],),
 }
 
 

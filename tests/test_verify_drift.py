@@ -11,6 +11,7 @@ import pytest
 
 from k3infra.bench import fetch as kc
 from k3infra.live import drift
+from k3infra.receipt import load_receipt
 from k3infra.bench import pod_runner
 from k3infra.bench.workload import WORKLOAD_ID
 from k3infra.cli import main
@@ -69,7 +70,7 @@ def test_rendered_statefulset_has_no_drift(sts, receipt):
      ["engine commit annotation"]),
     # The full commit a build takes (k3:engine.commit) names the receipt's engine.
     (lambda c, s: s["metadata"]["annotations"].update(
-        {"k3infra.dev/engine-commit": "f68f4fdd" + "0" * 32}), []),
+        {"k3infra.dev/engine-commit": (load_receipt().engine.commit + "0" * 40)[:40]}), []),
 ])
 def test_drift_is_reported(sts, receipt, mutate, failing):
     expected = _container(sts)["image"]
