@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional, Union
 import pulumi
 import pulumi_kubernetes as k8s
 
+from k3infra.inputs import wired_build
+
 _TYPED = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
     ("v1", "Secret"): k8s.core.v1.Secret,
@@ -66,11 +68,10 @@ def apply_manifest(logical_name: str, manifest: Union[dict[str, Any], pulumi.Out
 
 def apply_built(logical_name: str, inputs: Any, build: Callable[[Any], dict[str, Any]],
                 opts: Optional[pulumi.ResourceOptions] = None) -> pulumi.CustomResource:
-    """Register `build(config)`: from the plain config, or (when an Input was wired) from
-    the config resolved inside apply (`inputs`: a k3infra.inputs.StackInputs)."""
-    shape = build(inputs.plain)
-    return apply_manifest(logical_name, inputs.build(build) if inputs.resolved is not None
-                          else shape, opts, shape)
+    """Register `build(config)`: from the plain config, or (when an Input was wired) with
+    the resolved values at the leaves they reach (`inputs`: a k3infra.inputs.StackInputs;
+    k3infra.inputs.wired_build)."""
+    return apply_manifest(logical_name, wired_build(inputs, build), opts, build(inputs.plain))
 
 
 def outer_depends_on(opts: Optional[pulumi.ResourceOptions]) -> list:

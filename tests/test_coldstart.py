@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from k3infra import pod_env
 from k3infra.serving import start, startup
 from k3infra.serving.timeline import timeline
 from k3infra.summary import summary_rows
@@ -142,7 +143,7 @@ def _run_start(tmp_path: Path, gate: str, driver: str | None, image: str) -> sub
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     script = start.script(gate).replace(start.CACHE_ROOT, str(cache))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", start.IMAGE_ENV: image,
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", pod_env.IMAGE_ENV: image,
            "VLLM_CACHE_ROOT": f"{cache}/current/vllm"}
     engine = ["sh", "-c", 'echo "engine argv=$* cache=$(readlink -f $VLLM_CACHE_ROOT)"', "vllm"]
     return subprocess.run(["sh", "-c", script, start.ARGV0, *engine, "serve", "/weights"],

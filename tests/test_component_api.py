@@ -4,11 +4,13 @@ the instance, children record their own dependencies, and wired values are valid
 inside apply with the messages plain values get."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+from pulumi.output import Unknown
 
 from k3infra import naming
 from k3infra.config import ConfigError, parse_stack_config
@@ -137,6 +139,91 @@ def test_a_wired_placeholder_is_refused_by_an_update(monkeypatch):
         record(_wired_program({}, revision="0" * 40))
     assert "refusing to update" in str(err.value)
     assert "k3:weightsRevision" in str(err.value)
+
+
+def _unknown() -> pulumi.Output:
+    """An Output whose value a preview does not know (a resource not created yet)."""
+    loop = asyncio.get_event_loop()
+    value, known = loop.create_future(), loop.create_future()
+    value.set_result(None)
+    known.set_result(False)
+    return pulumi.Output(set(), value, known)
+
+
+def _unknown_places(r) -> list[str]:
+    """Where a preview's inputs hold an unknown, list items named by their `name`."""
+    found = []
+
+    def walk(v, at):
+        if isinstance(v, Unknown):
+            found.append("/".join(at))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, (*at, k))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, (*at, x["name"] if isinstance(x, dict) and "name" in x else str(i)))
+    walk(r.inputs, ())
+    return sorted(found)
+
+
+def test_a_preview_shows_every_field_but_the_ones_a_wired_value_fills():
+    """Every wireable value unknown (a preview before its source exists): each object is
+    known but for the leaves those values reach; objects they do not reach are whole."""
+    def program():
+        o = {k: _unknown() for k in ("revision", "image", "clusterName", "nodeRoleArn",
+                                     "subnetId", "securityGroupId")}
+        K3ServingStack("kimi-k3", wired_args({**o, "password": "sk-1", "token": "hf_1"}),
+                       receipt=load_receipt())
+    rec = record(program, preview=True)
+    unknown = {r.name: _unknown_places(r) for r in rec.resources}
+    vllm = "spec/template/spec/containers/vllm"
+    assert unknown["kimi-k3-serving-statefulset"] == [
+        "metadata/annotations/k3infra.dev/weights-revision",
+        "spec/template/metadata/annotations/k3infra.dev/weights-revision",
+        f"{vllm}/args/0",
+        *(f"{vllm}/env/{e}/value" for e in ("K3_ENGINE_IMAGE", "K3_GATE_LOCK", "K3_LOCK",
+                                            "K3_REVISION", "K3_TREE")),
+        f"{vllm}/image"]
+    prefetch = "spec/template/spec/containers/prefetch"
+    assert unknown["kimi-k3-weights-job"] == [
+        *(f"{prefetch}/env/{e}/value" for e in ("K3_LOCK", "K3_REVISION", "K3_TREE")),
+        f"{prefetch}/image"]
+    assert unknown["kimi-k3-serving-prepull"] == [
+        "spec/template/spec/containers/engine-image/image"]
+    assert unknown["kimi-k3-pool-nodegroup"] == [
+        "clusterName", "launchTemplate/version", "nodeRoleArn", "subnetIds/0"]
+    # Services, the disruption budget, NetworkPolicies, Secrets: nothing wired reaches them.
+    untouched = [n for n in unknown if n.startswith(("kimi-k3-serving-svc", "kimi-k3-serving-pdb",
+                                                     "kimi-k3-operations-netpol"))]
+    assert len(untouched) == 6 and all(unknown[n] == [] for n in untouched)
+    (sts,) = rec.of_type("kubernetes:apps/v1:StatefulSet")
+    assert sts.inputs["spec"]["replicas"] == 1
+
+
+def test_a_resolved_value_that_decides_more_than_its_fields_fails_naming_the_keys():
+    """A builder whose output depends on the real value beyond the leaves the stand-ins
+    showed (here: an extra key for one revision) cannot be previewed honestly: the update
+    fails, naming the wired key, rather than apply what the preview did not show."""
+    from k3infra.inputs import stack_inputs
+    from k3infra.kube import apply_built
+
+    def program():
+        _, o = source("upstream", _values())
+        inputs = stack_inputs({"weightsRevision": o["revision"], "apiKey": "x",
+                               "engineImage": IMAGE}, load_receipt())
+
+        def build(c):
+            data = {"revision": c.weights_revision}
+            if c.weights_revision.startswith(GOOD_REVISION[:4]):
+                data["extra"] = "only for the real value"
+            return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"},
+                    "data": data}
+        apply_built("probe", inputs, build)
+    with pytest.raises(Exception) as err:
+        record(program)
+    assert ("k3:weightsRevision = '<Output>': the resolved value changes data beyond the "
+            "fields it fills") in str(err.value)
 
 
 def test_a_structural_key_refuses_an_output():

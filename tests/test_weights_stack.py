@@ -190,7 +190,7 @@ def test_without_a_lock_the_pods_check_the_receipt_digest(receipt):
 
 
 def test_the_gate_env_is_exactly_what_the_serve_flags_policy_lets_through():
-    from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
+    from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
 
     names = {e["name"] for e in container(render("existing", PIN))["env"]}
     # The gate's inputs and the start script's engine image (k3infra/serving/start.py).

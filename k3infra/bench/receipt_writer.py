@@ -30,6 +30,7 @@ import yaml
 from k3infra.bench.compare import workload_checks
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv
 from k3infra.bench.results import BenchResult, percentile
+from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
 from k3infra.receipt import Receipt, parse_receipt
 
 
@@ -61,7 +62,6 @@ class ReceiptInputs:
         model, flags = parse_serve(serve_argv(c))
         if model is None:
             raise ReceiptWriteError("the serving container does not run `vllm serve <model>`")
-        from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
 
         # The gate's and the start script's variables are read before `exec vllm serve`.
         env = tuple((e["name"], e["value"]) for e in c.get("env") or []

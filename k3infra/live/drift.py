@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from k3infra.fieldtypes import DIGEST_IMAGE as DIGEST_IMAGE_TYPE
+from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv  # noqa: F401
 
@@ -91,7 +92,6 @@ def statefulset_drift(sts: dict, receipt: Receipt,
         got = env.get(name, {}).get("value")
         _row(out, area, f"env {name}", value, got if name in env else "(unset)", got == value)
     # The gate's and the start script's variables are read before `exec vllm serve`.
-    from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
 
     extra_env = sorted(n for n in env if n not in want_env and n not in receipt.serve.surface.env
                        and n not in PRE_ENGINE_ENV_NAMES)

@@ -20,7 +20,7 @@ import pulumi_aws as aws
 import yaml
 
 from k3infra.config import AwsPoolConfig
-from k3infra.inputs import StackInputs
+from k3infra.inputs import StackInputs, wired_build
 from k3infra.kube import apply_built
 from k3infra.nodepool.localdisk import own_root_script
 from k3infra.nodepool.base import (AWS_AMI_TYPE, AWS_INSTANCE_TYPE, PoolSpec,
@@ -141,11 +141,11 @@ def karpenter_manifests(name: str, spec: PoolSpec,
 def register(name: str, spec: PoolSpec, inputs: StackInputs,
              opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     # Structure from the plain settings; ids (cluster, role, subnets, security groups,
-    # reservation) from `wired(...)`, which resolves wired Outputs (k3infra.inputs).
+    # reservation) from `wired(...)`: wired Outputs at the leaves they reach (k3infra.inputs).
     settings: AwsPoolConfig = inputs.plain.node_pool.aws
 
     def wired(fn):
-        return inputs.build(lambda c: fn(c.node_pool.aws))
+        return wired_build(inputs, lambda c: fn(c.node_pool.aws))
 
     if settings.mode == "karpenter":
         nc = apply_built(f"{name}-ec2nodeclass", inputs,

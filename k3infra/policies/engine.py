@@ -28,6 +28,7 @@ from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
 
 from k3infra.policies.workloads import (Container, Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
+from k3infra.pod_env import GATE_ENV_NAMES
 from k3infra.receipt import load_receipt
 from k3infra.serving.manifests import ENGINE_HOST, engine_command, engine_probe_exec
 from k3infra.weights import manifests as weights
@@ -66,7 +67,7 @@ def _gate_env_problems(c: Container, model: str) -> list[str]:
         problems.append(f"sets {', '.join(twice)} more than once (the last one wins, unseen)")
     if get(c.spec, "envFrom"):
         problems.append("takes envFrom: variables the gate reads could come from elsewhere")
-    for name in weights.GATE_ENV_NAMES:
+    for name in GATE_ENV_NAMES:
         entry = next((e for e in env if get(e, "name") == name), None)
         if entry is None or get(entry, "value") is None:
             problems.append(f"{name} is not a literal value the pod spec shows")

@@ -13,7 +13,7 @@ from typing import Optional
 from k3infra.policies.workloads import get
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import ServeLine, parse_serve_args
-from k3infra.serving.start import PRE_ENGINE_ENV_NAMES
+from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
 
 
 def _switches(receipt: Receipt) -> set[str]:

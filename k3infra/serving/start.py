@@ -16,18 +16,10 @@ a new image or driver starts a new, empty directory instead of loading stale ker
 """
 from __future__ import annotations
 
-from k3infra.weights.manifests import GATE_ENV_NAMES
+from k3infra.pod_env import IMAGE_ENV
 
 CACHE_ROOT = "/cache"                      # the compile-cache volume (a per-replica PVC)
 CURRENT = f"{CACHE_ROOT}/current"          # -> k3-<key>, set by the start script
-IMAGE_ENV = "K3_ENGINE_IMAGE"              # the engine image reference, with its digest
-# Variables the start script reads (vLLM reads none of them); the serve-flags policy
-# lets exactly these through beside the gate's.
-START_ENV_NAMES = (IMAGE_ENV,)
-# Every variable of the serving container that is read before `exec vllm serve` and
-# never by vLLM: the gate's and this script's (the serve-flags policy, `k3infra verify`
-# and the receipt writer leave them out of the engine's env).
-PRE_ENGINE_ENV_NAMES = (*GATE_ENV_NAMES, *START_ENV_NAMES)
 ARGV0 = "k3-start"
 PHASE_PREFIX = "k3-phase"
 CACHE_PREFIX = "k3-compile-cache"

@@ -43,14 +43,6 @@ GATE_SCRIPT = GATE_CHECK + ' || exit 1; exec "$@"'
 PREFETCH_SCRIPT = 'exec python3 -c "$K3_RUNTIME_BOOTSTRAP" sh prefetch.sh'
 
 
-# The variables the gate reads in the serving container (before `exec vllm serve`; vLLM
-# reads no K3_* variable). The serve-flags policy lets exactly these through.
-GATE_ENV_NAMES = ("K3_REPO", "K3_REVISION", "K3_TREE", "K3_LOCK", "K3_EXPECT_TREE_DIGEST",
-                  "K3_HASH_WORKERS", "K3_RUNTIME_DIR", "K3_RUNTIME_SHA256",
-                  "K3_RUNTIME_BOOTSTRAP", "K3_RUNTIME_COPY_DIR", "K3_GATE_LOCK",
-                  "K3_GATE_MODE", "K3_GATE_STATE")
-
-
 @dataclass(frozen=True)
 class WeightsLayout:
     """Paths of the pinned tree and its lock on the weights volume."""
