@@ -2,8 +2,9 @@
 
 `from k3infra import K3ServingStack, K3ServingStackArgs, ClusterAddons` in any Pulumi
 program (docs/component.md). The
-import is lazy so the `k3infra` CLI (which runs as an init container on every pod start)
-does not pay for loading the Pulumi SDK.
+import is lazy so the `k3infra` CLI's short commands (`k3infra weights verify`, `k3infra
+startup`) do not pay for loading the Pulumi SDK. No pod imports this package: pod code
+ships as package files in ConfigMaps (k3infra/podfiles.py).
 """
 
 __all__ = ["K3ServingStack", "K3ServingStackArgs", "ClusterAddons"]

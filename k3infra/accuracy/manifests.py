@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from k3infra import checkov_skips, clientjob, placement
+from k3infra import checkov_skips, clientjob, placement, podfiles
 from k3infra.naming import ACCURACY_COMPONENT as COMPONENT
 from k3infra.config import StackConfig
 from k3infra.clientjob import RESULTS_DIR
@@ -36,10 +36,9 @@ def task_files() -> dict[str, str]:
 
 
 def runtime_configmap(names: clientjob.JobNames, namespace: str, labels: dict) -> dict:
-    pkg = resources.files("k3infra.accuracy")
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": names.configmap, "namespace": namespace, "labels": labels},
-            "data": {RUNNER: pkg.joinpath(RUNNER).read_text(), **task_files()}}
+    return podfiles.configmap(
+        {"name": names.configmap, "namespace": namespace, "labels": labels},
+        {**podfiles.package_files("k3infra.accuracy", [RUNNER]), **task_files()})
 
 
 def results_pvc(names: clientjob.JobNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
@@ -83,9 +82,7 @@ def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobName
             placement.pool_of(cfg.node_pool.provider, labels["app.kubernetes.io/instance"]),
             serving_selector),
         containers=[container],
-        volumes=[{"name": "accuracy-runtime", "configMap": {
-                     "name": names.configmap, "defaultMode": 0o444,
-                     "items": [{"key": f, "path": f if f == RUNNER else f"tasks/{f}"}
-                               for f in files]}},
+        volumes=[podfiles.volume("accuracy-runtime", names.configmap,
+                                 {f: f if f == RUNNER else f"tasks/{f}" for f in files}),
                  {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
                  {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}])

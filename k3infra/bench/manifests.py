@@ -15,10 +15,9 @@ directory (node-local weights exist only on those nodes).
 """
 from __future__ import annotations
 
-from importlib import resources
 from typing import Any
 
-from k3infra import checkov_skips, clientjob, naming, placement
+from k3infra import checkov_skips, clientjob, naming, placement, podfiles
 from k3infra.clientjob import RESULTS_DIR
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
@@ -78,12 +77,10 @@ def block_size(receipt: Receipt) -> int:
 
 
 def runtime_configmap(names: clientjob.JobNames, namespace: str, labels: dict) -> dict:
-    pkg = resources.files("k3infra.bench")
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": names.configmap, "namespace": namespace, "labels": labels},
-            "data": {**{f: pkg.joinpath(f).read_text() for f in POD_FILES},
-                     **{f: resources.files("k3infra").joinpath(f).read_text()
-                        for f in SHARED_FILES}}}
+    return podfiles.configmap(
+        {"name": names.configmap, "namespace": namespace, "labels": labels},
+        {**podfiles.package_files("k3infra.bench", POD_FILES),
+         **podfiles.package_files("k3infra", SHARED_FILES)})
 
 
 def results_pvc(names: clientjob.JobNames, namespace: str, labels: dict, cfg: StackConfig) -> dict:
@@ -158,9 +155,8 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
         init_containers=weights.reader_init_containers,
         containers=[container],
         volumes=[*weight_volumes,
-                 {"name": "bench-runtime", "configMap": {
-                     "name": names.configmap, "defaultMode": 0o444,
-                     "items": [{"key": f, "path": f} for f in (*POD_FILES, *SHARED_FILES)]}},
+                 podfiles.volume("bench-runtime", names.configmap,
+                                 {f: f for f in (*POD_FILES, *SHARED_FILES)}),
                  {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
                  {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}])
 

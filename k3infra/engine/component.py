@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, TypedDict, Union
 
@@ -23,7 +22,7 @@ from k3infra.engine import manifests as em
 from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
 from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
                                    image_from_digest, parse_build_result, parse_wheel_record)
-from k3infra import naming
+from k3infra import naming, podfiles
 from k3infra.gates import PLACEHOLDER_HEX, enforce
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_manifest, child_options
@@ -88,8 +87,7 @@ def lock_gates(recipe: Optional[Path]) -> list:
 
 
 def job_files() -> dict[str, str]:
-    pod = resources.files("k3infra.engine.pod")
-    return {name: pod.joinpath(name).read_text() for name in em.JOB_SCRIPTS}
+    return podfiles.package_files("k3infra.engine.pod", em.JOB_SCRIPTS)
 
 
 def _uid(meta: Any) -> Optional[str]:

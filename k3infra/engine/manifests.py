@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from k3infra import checkov_skips, placement
+from k3infra import checkov_skips, placement, podfiles
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
 from k3infra.netpol import default_deny, dns_egress, internet_peers
@@ -131,16 +131,15 @@ def build_namespace(names: BuildNames, labels: dict) -> dict:
 
 
 def context_configmap(names: BuildNames, labels: dict, context_files: dict[str, str]) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(names.context_configmap, names, labels),
-            "data": dict(sorted(context_files.items()))}
+    return podfiles.configmap(_meta(names.context_configmap, names, labels),
+                              dict(sorted(context_files.items())))
 
 
 def job_configmap(names: BuildNames, labels: dict, plan: EnginePlan,
                   job_files: dict[str, str]) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(names.job_configmap, names, labels),
-            "data": {**dict(sorted(job_files.items())), BUILD_ARGS_KEY: build_args_text(plan)}}
+    return podfiles.configmap(_meta(names.job_configmap, names, labels),
+                              {**dict(sorted(job_files.items())),
+                               BUILD_ARGS_KEY: build_args_text(plan)})
 
 
 def result_configmap(names: BuildNames, labels: dict, plan: EnginePlan) -> dict:
@@ -248,7 +247,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
     ]
     volumes = [
-        {"name": "job", "configMap": {"name": names.job_configmap, "defaultMode": 0o555}},
+        podfiles.volume("job", names.job_configmap, mode=0o555),
         {"name": "out", "emptyDir": {"sizeLimit": "20Gi"}},
         # BuildKit's state (layers, pass 1 cache reused by pass 2) on the node's disk.
         {"name": "buildkitd", "emptyDir": {"sizeLimit": f"{eng.build_disk_gi}Gi"}},

@@ -15,10 +15,9 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Optional
 
-from k3infra import checkov_skips, placement
+from k3infra import checkov_skips, placement, podfiles
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
@@ -122,14 +121,12 @@ def runtime_files() -> dict[str, str]:
 @functools.lru_cache(maxsize=1)
 def _runtime_sources() -> tuple[tuple[str, str], ...]:
     data = {f"{RUNTIME_PACKAGE}.{name}": path.read_text() for name, path in runtime_paths().items()}
-    pkg = resources.files("k3infra.weights")
-    for script in POD_SCRIPTS:
-        data[script] = pkg.joinpath("pod", script).read_text()
+    data.update(podfiles.package_files("k3infra.weights", POD_SCRIPTS, "pod"))
     return tuple(data.items())
 
 
 def bootstrap_source() -> str:
-    return resources.files("k3infra.weights").joinpath("pod", "bootstrap.py").read_text()
+    return podfiles.package_files("k3infra.weights", ["bootstrap.py"], "pod")["bootstrap.py"]
 
 
 def runtime_configmap_name(base: str, lock_text: Optional[str]) -> str:
@@ -146,18 +143,17 @@ def runtime_configmap(base: str, namespace: str, labels: dict, lock_text: Option
         data[LOCK_KEY] = lock_text
     # Immutable: an in-place edit is refused by the API server (and would be refused by
     # the bootstrap's digest check anyway).
-    return {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
-            "metadata": {"name": runtime_configmap_name(base, lock_text), "namespace": namespace,
-                         "labels": labels},
-            "data": data}
+    return podfiles.configmap({"name": runtime_configmap_name(base, lock_text),
+                               "namespace": namespace, "labels": labels}, data, immutable=True)
 
 
-def _runtime_items(has_lock: bool) -> list[dict]:
-    items = [{"key": f"{RUNTIME_PACKAGE}.{n}", "path": f"{RUNTIME_PACKAGE}/{n}"}
-             for n in (*RUNTIME_FILES, *SHARED_FILES)]
-    items += [{"key": s, "path": s} for s in POD_SCRIPTS]
+def _runtime_items(has_lock: bool) -> dict[str, str]:
+    """ConfigMap key -> path in the runtime volume."""
+    items = {f"{RUNTIME_PACKAGE}.{n}": f"{RUNTIME_PACKAGE}/{n}"
+             for n in (*RUNTIME_FILES, *SHARED_FILES)}
+    items.update({s: s for s in POD_SCRIPTS})
     if has_lock:
-        items.append({"key": LOCK_KEY, "path": LOCK_KEY})
+        items[LOCK_KEY] = LOCK_KEY
     return items
 
 
@@ -167,15 +163,14 @@ def runtime_pins(lock_text: Optional[str]) -> str:
     data = runtime_files()
     if lock_text is not None:
         data[LOCK_KEY] = lock_text
-    pins = {item["path"]: hashlib.sha256(data[item["key"]].encode("utf-8")).hexdigest()
-            for item in _runtime_items(lock_text is not None)}
+    pins = {path: hashlib.sha256(data[key].encode("utf-8")).hexdigest()
+            for key, path in _runtime_items(lock_text is not None).items()}
     return json.dumps(pins, sort_keys=True, separators=(",", ":"))
 
 
 def _runtime_volume(base: str, lock_text: Optional[str]) -> dict:
-    return {"name": names(base)["runtime"],
-            "configMap": {"name": runtime_configmap_name(base, lock_text),
-                          "items": _runtime_items(lock_text is not None), "defaultMode": 0o444}}
+    return podfiles.volume(names(base)["runtime"], runtime_configmap_name(base, lock_text),
+                           _runtime_items(lock_text is not None))
 
 
 def _storage_volume(base: str, cfg: StackConfig, ordinal: int = 0) -> dict:
@@ -414,8 +409,8 @@ def runtime_file_map(lock_text: Optional[str]) -> dict[str, str]:
     data = runtime_files()
     if lock_text is not None:
         data[LOCK_KEY] = lock_text
-    return {f"{RUNTIME_DIR}/{item['path']}": data[item["key"]]
-            for item in _runtime_items(lock_text is not None)}
+    return {f"{RUNTIME_DIR}/{path}": data[key]
+            for key, path in _runtime_items(lock_text is not None).items()}
 
 
 def prefetch_env_map(receipt: Receipt, cfg: StackConfig, lock_text: Optional[str]) -> dict[str, str]:
