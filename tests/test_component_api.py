@@ -638,3 +638,9 @@ def test_the_args_type_names_every_stack_key():
 
     keys = {field.alias or name for name, field in StackConfig.model_fields.items()}
     assert set(K3ServingStackArgs.__annotations__) == keys
+    # And `pulumi.Input` exactly where the component takes an Output at the top level
+    # (the generated schema's rule, k3infra/plugin/shapes.py).
+    from k3infra.config import SECRET_KEYS
+    typed_input = {k for k, t in K3ServingStackArgs.__annotations__.items() if "Input[" in str(t)}
+    assert typed_input == {k for k in keys if k in WIREABLE or k in SECRET_KEYS} == {
+        "weightsRevision", "apiKey", "hfToken", "engineImage"}
