@@ -71,15 +71,18 @@ def test_host_stack_registers_image_prefetch_server_proxy_in_order():
         ("docker:index/remoteImage:RemoteImage", "kimi-k3-engine-image"),
         ("docker:index/remoteImage:RemoteImage", "kimi-k3-proxy-image"),
         ("docker:index/volume:Volume", "kimi-k3-cache"),
-        (DOCKER, "kimi-k3-prefetch"), (DOCKER, "kimi-k3-vllm"), (DOCKER, "kimi-k3-proxy")}
-    assert [n for t, n in types if t == DOCKER] == \
-        ["kimi-k3-prefetch", "kimi-k3-vllm", "kimi-k3-proxy"]
+        (DOCKER, "kimi-k3-prefetch"), (DOCKER, "kimi-k3-cache-owner"),
+        (DOCKER, "kimi-k3-vllm"), (DOCKER, "kimi-k3-proxy")}
+    assert [n for t, n in types if t == DOCKER][-2:] == ["kimi-k3-vllm", "kimi-k3-proxy"]
     c = containers(r)
     assert {res["inputs"]["name"] for res in c.values()} == \
-        {"kimi-k3-prefetch", "kimi-k3-vllm", "kimi-k3-proxy"}
+        {"kimi-k3-prefetch", "kimi-k3-cache-owner", "kimi-k3-vllm", "kimi-k3-proxy"}
     urn = {res["name"]: res["urn"] for res in r.resources}
     assert urn["kimi-k3-engine-image"] in c["kimi-k3-prefetch"]["dependsOn"]
     assert urn["kimi-k3-prefetch"] in c["kimi-k3-vllm"]["dependsOn"]
+    assert {urn["kimi-k3-cache"], urn["kimi-k3-engine-image"]} <= set(
+        c["kimi-k3-cache-owner"]["dependsOn"])
+    assert urn["kimi-k3-cache-owner"] in c["kimi-k3-vllm"]["dependsOn"]
     assert urn["kimi-k3-vllm"] in c["kimi-k3-proxy"]["dependsOn"]
     labels = {lb["label"]: lb["value"] for lb in c["kimi-k3-vllm"]["inputs"]["labels"]}
     assert labels["app.kubernetes.io/instance"] == "kimi-k3"
@@ -133,7 +136,8 @@ def test_receipt_is_explicit_and_names_follow_the_instance():
     doc = hc.compose_document(host_plan(load(), host_cfg(), "edge-a", PREBUILT_IMAGE), {})
     assert doc["name"] == "edge-a"
     assert {n: svc["container_name"] for n, svc in doc["services"].items()} == {
-        "prefetch": "edge-a-prefetch", "vllm": "edge-a-vllm", "proxy": "edge-a-proxy"}
+        "prefetch": "edge-a-prefetch", "cache-owner": "edge-a-cache-owner",
+        "vllm": "edge-a-vllm", "proxy": "edge-a-proxy"}
     assert doc["volumes"] == {"edge-a-cache": {"name": "edge-a-cache"}}
     assert doc["services"]["proxy"]["network_mode"] == "service:vllm"
 
@@ -343,12 +347,24 @@ def _render_cli(tmp_path: Path, *overrides: str) -> Path:
 def test_render_writes_compose_with_the_same_containers(tmp_path):
     doc = yaml.safe_load(_render_cli(tmp_path).read_text())
     s = doc["services"]
-    assert list(s) == ["prefetch", "vllm", "proxy"]
+    assert list(s) == ["prefetch", "cache-owner", "vllm", "proxy"]
+    # The compile-cache volume, given to the engine's group by a one-shot container with
+    # no capability and no network (Docker makes a named volume root-owned).
+    owner = s["cache-owner"]
+    assert owner["command"] == ["sh", "-c", "chgrp 1000 /cache && chmod 2775 /cache"]
+    assert (owner["user"], owner["cap_drop"], owner["network_mode"], owner["restart"]) == \
+        ("0:1000", ["ALL"], "none", "no")
+    assert "cap_add" not in owner and owner["read_only"] is True
+    assert owner["volumes"] == [{"type": "volume", "source": "kimi-k3-cache", "target": "/cache",
+                                 "read_only": False}]
+    assert s["vllm"]["depends_on"]["cache-owner"] == {
+        "condition": "service_completed_successfully"}
     assert s["vllm"]["image"] == PREBUILT_IMAGE == s["prefetch"]["image"]
     assert s["vllm"]["command"][:2] == ["sh", "-c"]
     assert s["vllm"]["command"][3:] == ["k3-start", *SERVE]
     assert doc["x-k3infra"]["serveCommand"] == " ".join(SERVE)
-    assert s["vllm"]["depends_on"] == {"prefetch": {"condition": "service_completed_successfully"}}
+    assert s["vllm"]["depends_on"] == {"prefetch": {"condition": "service_completed_successfully"},
+                                       "cache-owner": {"condition": "service_completed_successfully"}}
     assert s["vllm"]["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
     assert s["vllm"]["healthcheck"]["start_period"] == "4990s"
@@ -394,7 +410,8 @@ def test_compose_file_passes_compose_go(tmp_path):
     model = yaml.safe_load(done.stdout)
     assert model["name"] == "kimi-k3"
     assert {n: svc["container_name"] for n, svc in model["services"].items()} == {
-        "prefetch": "kimi-k3-prefetch", "vllm": "kimi-k3-vllm", "proxy": "kimi-k3-proxy"}
+        "prefetch": "kimi-k3-prefetch", "cache-owner": "kimi-k3-cache-owner",
+        "vllm": "kimi-k3-vllm", "proxy": "kimi-k3-proxy"}
     assert model["volumes"]["kimi-k3-cache"]["name"] == "kimi-k3-cache"
     vllm = model["services"]["vllm"]
     assert vllm["command"][3:] == ["k3-start", *SERVE]
@@ -410,7 +427,12 @@ def test_compose_file_passes_compose_go(tmp_path):
     import json as _json
 
     pins = _json.loads(vllm["environment"]["K3_RUNTIME_SHA256"])
-    mounted = {c["target"]: model["configs"][c["source"]]["content"] for c in vllm["configs"]}
+    # Files beside compose.yaml, bind-mounted read-only (inline `content` is refused for a
+    # read-only service by docker compose: tests/e2e/test_host_compose.py found it).
+    mounted = {c["target"]: Path(model["configs"][c["source"]]["file"]).read_text()
+               for c in vllm["configs"]}
+    assert all(Path(model["configs"][c["source"]]["file"]).parent == tmp_path / "configs"
+               for c in vllm["configs"])
     assert pins and all(
         hashlib.sha256(mounted[f"/etc/k3/weights/{path}"].encode()).hexdigest() == digest
         for path, digest in pins.items())

@@ -46,11 +46,17 @@ def test_plan_keys_are_the_readmes(tmp_path):
 
 
 def test_a_render_without_kubernetes_objects_writes_no_manifests_folder(tmp_path):
-    """The Docker host: plan.json and compose.yaml only; a stale manifests/ is cleared."""
+    """The Docker host: plan.json, compose.yaml and the files of its configs; a stale
+    manifests/ is cleared, and so is a config file an earlier render wrote."""
     (tmp_path / "manifests").mkdir()
     (tmp_path / "manifests" / "001-old.yaml").write_text("kind: Old\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "etc-old-00000000").write_text("old\n")
     assert main(["render", "--stack", "host", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "plan.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "configs", "plan.json"]
+    files = sorted(p.name for p in (tmp_path / "configs").iterdir())
+    assert "etc-old-00000000" not in files
+    assert len(files) == 11 and files[0].startswith("etc-k3-proxy-nginx-conf-")
 
 
 def test_parents_and_ordering():

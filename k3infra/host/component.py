@@ -25,8 +25,8 @@ from k3infra.config import ConfigError, StackConfig, parse_stack_config
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.hbm import hbm_fit
 from k3infra.kube import child_options
-from k3infra.host.plan import (SERVER, HostContainer, HostPlan, cache_volume, check_host_engine,
-                               container_name, host_plan)
+from k3infra.host.plan import (CACHE_OWNER, SERVER, HostContainer, HostPlan, cache_volume,
+                               check_host_engine, container_name, host_plan)
 from k3infra.host.preflight import run_host_preflight
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as serving
@@ -122,10 +122,15 @@ class K3HostStack(pulumi.ComponentResource):
         verdict = pulumi.Output.all(self.prefetch.exit_code, self.prefetch.container_logs) \
             .apply(lambda a: prefetch_verdict(a[0], a[1], offline_render))
 
+        # The cache volume to the engine's user, once it exists (plan.CACHE_OWNER says why).
+        self.cache_owner = self._container(instance, self.plan.container(CACHE_OWNER), secrets,
+                                           [self.image, self.cache], attach=True)
+
         spec = self.plan.container(SERVER)
         # The verdict is an input: a failed prefetch fails `pulumi up` before this exists.
         # The pins describe the engine the container really runs (the build's plan).
-        self.server = self._container(instance, spec, secrets, [self.prefetch, self.cache],
+        self.server = self._container(instance, spec, secrets,
+                                      [self.prefetch, self.cache, self.cache_owner],
                                       extra_labels={"k3infra.dev/weights-prefetch": verdict},
                                       pins=serving.pin_annotations(receipt, cfg,
                                                                    self.engine.plan.pins()))

@@ -3,8 +3,11 @@
 Same image digest, command, env names, GPUs, healthcheck and start order as
 `K3HostStack`. Secrets never appear in the file: the containers name them and Compose
 reads each value from its own env file next to it (ENV_FILES, created by the
-operator, mode 0600), so a container receives only the secrets it uses. The runtime files and the proxy config are Compose `configs` with inline
-`content` (Compose spec, docker compose >= 2.23.1).
+operator, mode 0600), so a container receives only the secrets it uses. The runtime files
+and the proxy config are Compose `configs` from files written beside it (CONFIG_DIR), which
+Compose bind-mounts read-only: inline `content` configs are refused for a `read_only`
+service ("`file` is the sole supported option", docker compose 2.40 on the host tier's
+daemon, tests/e2e/test_host_compose.py), and every service here is read-only.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from k3infra.host.plan import HostContainer, HostPlan, container_name
 
 ENV_FILES = {"VLLM_API_KEY": "k3-api-key.env", "HF_TOKEN": "k3-hf-token.env"}
 COMPOSE_FILE = "compose.yaml"
+CONFIG_DIR = "configs"               # beside compose.yaml: one file per config
 # Compose interpolates `$` in every string value: `$$` is a literal dollar.
 _DOLLAR = re.compile(r"\$")
 
@@ -32,10 +36,18 @@ def _escape(value: Any) -> Any:
     return value
 
 
-def _config_name(path: str) -> str:
-    """A stable, valid Compose config name for a container path."""
+def _config_name(path: str, content: str) -> str:
+    """A stable, valid Compose config name (and file name) for a container path and its
+    content: two containers that mount one path with other bytes get two configs."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", path.strip("/")).strip("-")
-    return f"{slug}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha256(path.encode() + b"\0" + content.encode()).hexdigest()
+    return f"{slug}-{digest[:8]}"
+
+
+def config_files(plan: HostPlan) -> dict[str, str]:
+    """The files the configs name, relative to compose.yaml -> content."""
+    return {f"{CONFIG_DIR}/{_config_name(path, content)}": content
+            for c in plan.containers for path, content in c.files.items()}
 
 
 def _ulimit(soft: int, hard: int) -> Any:
@@ -56,9 +68,9 @@ def _service(instance: str, c: HostContainer, configs: dict[str, dict]) -> dict:
     if c.files:
         svc["configs"] = []
         for path, content in c.files.items():
-            name = _config_name(path)
-            configs[name] = {"content": _escape(content)}
-            svc["configs"].append({"source": name, "target": path, "mode": 0o444})
+            name = _config_name(path, content)
+            configs[name] = {"file": f"./{CONFIG_DIR}/{name}"}
+            svc["configs"].append({"source": name, "target": path})
     volumes = []
     tmpfs = []
     for m in c.mounts:

@@ -111,6 +111,16 @@ def cache_volume(instance: str) -> str:
     return f"{instance}-cache"
 
 
+# The one-shot container that gives the cache volume to the engine's user. Docker creates
+# a named volume root-owned (unless the image has the mount point, which no engine image
+# has): the start script, as uid 1000, then fails at its first mkdir ("Permission
+# denied", found by tests/e2e/test_host_compose.py). It runs as root with the engine's
+# group and no capability at all (an owner may give its file to a group it is in, and
+# chmod it): the top directory becomes root:<engine gid> 2775, so the engine's user
+# creates its directories there and they keep its group. No network, nothing else.
+CACHE_OWNER = "cache-owner"
+
+
 @dataclass
 class HostPlan:
     instance: str        # the Compose project; container and volume names derive from it
@@ -189,7 +199,14 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
             # The startup budget (gate + engine deadline, serving/startup.py).
             budget.total_seconds),
         restart=h.restart, network_mode="host" if h.network_mode == "host" else None,
-        depends_on={"prefetch": "service_completed_successfully"})
+        depends_on={"prefetch": "service_completed_successfully",
+                    CACHE_OWNER: "service_completed_successfully"})
+    cache_owner = HostContainer(
+        name=CACHE_OWNER, image=image,
+        command=["sh", "-c", f"chgrp {ENGINE_GID} {serving.CACHE_ROOT} && "
+                             f"chmod 2775 {serving.CACHE_ROOT}"], env={},
+        mounts=[Mount(cache_volume(instance), serving.CACHE_ROOT, kind="volume")],
+        user=f"0:{ENGINE_GID}", network_mode="none", one_shot=True)
 
     conf_path = f"{proxy.CONF_DIR}/{proxy.CONF_KEY}"
     proxy_c = HostContainer(
@@ -200,6 +217,6 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
         mounts=[tmp], restart=h.restart, network_mode=f"service:{SERVER}",
         user=f"{proxy.PROXY_UID}:{proxy.PROXY_UID}",
         depends_on={SERVER: "service_started"})
-    return HostPlan(instance=instance, image=image, containers=[prefetch, vllm, proxy_c],
+    return HostPlan(instance=instance, image=image, containers=[prefetch, cache_owner, vllm, proxy_c],
                     weights_root=h.weights_root, model_dir=model_dir,
                     serve_command=["vllm", "serve", *args], endpoint=endpoint(cfg))

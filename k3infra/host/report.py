@@ -3,11 +3,12 @@ registered them, the host preflight, and `compose.yaml` built from the same host
 with the image the program used."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 from k3infra.config import StackConfig
-from k3infra.host.compose import COMPOSE_FILE, compose_yaml
+from k3infra.host.compose import COMPOSE_FILE, CONFIG_DIR, compose_yaml, config_files
 from k3infra.host.plan import SERVER, HostPlan, container_name, host_plan
 from k3infra.host.preflight import host_preflight_report
 from k3infra.receipt import Receipt
@@ -76,6 +77,15 @@ def write_compose(plan: HostPlan, receipt: Receipt, cfg: StackConfig, out: Path)
               "serveCommand": " ".join(plan.serve_command)}
     path = out / COMPOSE_FILE
     path.write_text(compose_yaml(plan, header))
+    # The configs' files, read-only (Compose bind-mounts them as they are); the folder
+    # is written anew, so no file of an earlier render is mounted.
+    configs = out / CONFIG_DIR
+    shutil.rmtree(configs, ignore_errors=True)
+    configs.mkdir(parents=True)
+    for rel, content in config_files(plan).items():
+        f = out / rel
+        f.write_text(content)
+        f.chmod(0o444)
     return path
 
 
