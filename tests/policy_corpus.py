@@ -678,14 +678,14 @@ def host_network_unchosen(plan):
 def host_port_on_every_interface(plan):
     def mutate(i):
         i["ports"][0]["ip"] = "0.0.0.0"
-    _with_host(plan, "kimi-k3-vllm", mutate)
+    _with_host(plan, "kimi-k3-proxy", mutate)
 
 
 @variant("k3-host-port-binding")
 def host_port_without_address(plan):
     def mutate(i):
         del i["ports"][0]["ip"]
-    _with_host(plan, "kimi-k3-vllm", mutate)
+    _with_host(plan, "kimi-k3-proxy", mutate)
 
 
 # --- a multi-node replica (k3:topology = multi-node; tests/test_multinode.py) ------------------

@@ -60,7 +60,7 @@ def test_the_template_names_the_docker_host_and_carries_no_secret():
     assert "cp stacks/examples/Pulumi.host.yaml stacks/" in text
 
 
-def test_host_stack_registers_image_prefetch_server_proxy_in_order():
+def test_host_stack_registers_image_prefetch_proxy_server_in_order():
     r = host_render()
     types = [(res["type"], res["name"]) for res in r.resources]
     # The stack program's instance is kimi-k3: every name derives from it.
@@ -73,7 +73,7 @@ def test_host_stack_registers_image_prefetch_server_proxy_in_order():
         ("docker:index/volume:Volume", "kimi-k3-cache"),
         (DOCKER, "kimi-k3-prefetch"), (DOCKER, "kimi-k3-cache-owner"),
         (DOCKER, "kimi-k3-vllm"), (DOCKER, "kimi-k3-proxy")}
-    assert [n for t, n in types if t == DOCKER][-2:] == ["kimi-k3-vllm", "kimi-k3-proxy"]
+    assert [n for t, n in types if t == DOCKER][-1] == "kimi-k3-vllm"
     c = containers(r)
     assert {res["inputs"]["name"] for res in c.values()} == \
         {"kimi-k3-prefetch", "kimi-k3-cache-owner", "kimi-k3-vllm", "kimi-k3-proxy"}
@@ -83,7 +83,9 @@ def test_host_stack_registers_image_prefetch_server_proxy_in_order():
     assert {urn["kimi-k3-cache"], urn["kimi-k3-engine-image"]} <= set(
         c["kimi-k3-cache-owner"]["dependsOn"])
     assert urn["kimi-k3-cache-owner"] in c["kimi-k3-vllm"]["dependsOn"]
-    assert urn["kimi-k3-vllm"] in c["kimi-k3-proxy"]["dependsOn"]
+    # The proxy owns the network namespace vllm joins (plan.py says why).
+    assert urn["kimi-k3-proxy"] in c["kimi-k3-vllm"]["dependsOn"]
+    assert urn["kimi-k3-vllm"] not in c["kimi-k3-proxy"]["dependsOn"]
     labels = {lb["label"]: lb["value"] for lb in c["kimi-k3-vllm"]["inputs"]["labels"]}
     assert labels["app.kubernetes.io/instance"] == "kimi-k3"
     assert labels["app.kubernetes.io/name"] == "kimi-k3"
@@ -110,8 +112,13 @@ def test_server_runs_the_gate_then_the_receipts_exact_serve_command():
     assert c["shmSize"] == 64 * 1024 and c["privileged"] is False
     assert {u["name"]: (u["soft"], u["hard"]) for u in c["ulimits"]} == {
         "memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
-    assert c["ports"] == [{"internal": 8000, "external": 8000, "ip": "127.0.0.1", "protocol": "tcp"},
-                          {"internal": 9090, "external": 9090, "ip": "127.0.0.1", "protocol": "tcp"}]
+    # In the proxy's network namespace: the proxy publishes the ports (plan.py says why).
+    assert c["ports"] == [] and c["networkMode"] == "container:kimi-k3-proxy"
+    proxy = containers(host_render())["kimi-k3-proxy"]["inputs"]
+    assert proxy["ports"] == [
+        {"internal": 8000, "external": 8000, "ip": "127.0.0.1", "protocol": "tcp"},
+        {"internal": 9090, "external": 9090, "ip": "127.0.0.1", "protocol": "tcp"}]
+    assert proxy["networkMode"] == "bridge"
     # The startupProbe's allowance for the receipt's 1561.0 GB with the default
     # k3:coldStart (docs/coldstart.md): 10 s x ceil((1171 gate + 3751 engine + 60) / 10).
     assert c["healthcheck"]["startPeriod"] == "4990s"
@@ -139,7 +146,8 @@ def test_receipt_is_explicit_and_names_follow_the_instance():
         "prefetch": "edge-a-prefetch", "cache-owner": "edge-a-cache-owner",
         "vllm": "edge-a-vllm", "proxy": "edge-a-proxy"}
     assert doc["volumes"] == {"edge-a-cache": {"name": "edge-a-cache"}}
-    assert doc["services"]["proxy"]["network_mode"] == "service:vllm"
+    assert doc["services"]["vllm"]["network_mode"] == "service:proxy"
+    assert "network_mode" not in doc["services"]["proxy"]
 
 
 def test_secrets_never_reach_the_plan_and_env_comes_from_the_plan():
@@ -296,7 +304,7 @@ def test_placeholder_digest_and_missing_api_key_refuse_an_update(monkeypatch):
 
 def test_all_interfaces_is_an_explicit_warned_choice():
     r = host_render("k3:host.publishAddress=0.0.0.0", "k3:host.publishAllInterfaces=true")
-    assert containers(r)["kimi-k3-vllm"]["inputs"]["ports"][0]["ip"] == "0.0.0.0"
+    assert containers(r)["kimi-k3-proxy"]["inputs"]["ports"][0]["ip"] == "0.0.0.0"
     assert any("publishAllInterfaces" in w and "every interface" in w for w in r.warnings)
 
 
@@ -347,7 +355,7 @@ def _render_cli(tmp_path: Path, *overrides: str) -> Path:
 def test_render_writes_compose_with_the_same_containers(tmp_path):
     doc = yaml.safe_load(_render_cli(tmp_path).read_text())
     s = doc["services"]
-    assert list(s) == ["prefetch", "cache-owner", "vllm", "proxy"]
+    assert list(s) == ["prefetch", "cache-owner", "proxy", "vllm"]
     # The compile-cache volume, given to the engine's group by a one-shot container with
     # no capability and no network (Docker makes a named volume root-owned).
     owner = s["cache-owner"]
@@ -364,15 +372,18 @@ def test_render_writes_compose_with_the_same_containers(tmp_path):
     assert s["vllm"]["command"][3:] == ["k3-start", *SERVE]
     assert doc["x-k3infra"]["serveCommand"] == " ".join(SERVE)
     assert s["vllm"]["depends_on"] == {"prefetch": {"condition": "service_completed_successfully"},
-                                       "cache-owner": {"condition": "service_completed_successfully"}}
+                                       "cache-owner": {"condition": "service_completed_successfully"},
+                                       "proxy": {"condition": "service_started"}}
     assert s["vllm"]["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
     assert s["vllm"]["healthcheck"]["start_period"] == "4990s"
-    assert s["vllm"]["ports"][0] == {"host_ip": "127.0.0.1", "published": "8000", "target": 8000,
-                                     "protocol": "tcp"}
+    # The proxy owns the network namespace and the ports; vllm joins it (plan.py says why).
+    assert s["proxy"]["ports"][0] == {"host_ip": "127.0.0.1", "published": "8000", "target": 8000,
+                                      "protocol": "tcp"}
+    assert "ports" not in s["vllm"] and "depends_on" not in s["proxy"]
     assert s["vllm"]["env_file"] == [{"path": "k3-api-key.env", "required": True}]
     assert "VLLM_API_KEY" not in s["vllm"]["environment"]
-    assert s["proxy"]["network_mode"] == "service:vllm"
+    assert s["vllm"]["network_mode"] == "service:proxy" and "network_mode" not in s["proxy"]
     assert "env_file" not in s["prefetch"]          # no HF token configured
     assert not any(svc.get("privileged") for svc in s.values())
 

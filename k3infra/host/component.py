@@ -8,9 +8,9 @@ derive from the instance (containers `<instance>-prefetch|vllm|proxy`, the volum
 `<instance>-cache`), and only `k3infra render` passes `offline_render=True`.
 The Docker daemon is Pulumi's `docker:host` setting (ssh://user@host or the local
 socket), or a `docker.Provider` passed in `opts.providers`. In order: the engine image
-pulled by digest, the prefetch container (must exit 0), the vLLM container (the weights
-gate, then `vllm serve` with the receipt's args and env), the authenticating proxy in
-its network namespace. The containers are the host plan's (k3infra/host/plan.py), the
+pulled by digest, the prefetch container (must exit 0), the authenticating proxy (it
+owns the network namespace and the ports), the vLLM container in it (the weights gate,
+then `vllm serve` with the receipt's args and env). The containers are the host plan's (k3infra/host/plan.py), the
 same ones `compose.yaml` describes.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from k3infra.config import ConfigError, StackConfig, parse_stack_config
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.hbm import hbm_fit
 from k3infra.kube import child_options
-from k3infra.host.plan import (CACHE_OWNER, SERVER, HostContainer, HostPlan, cache_volume,
+from k3infra.host.plan import (CACHE_OWNER, PROXY, SERVER, HostContainer, HostPlan, cache_volume,
                                check_host_engine, container_name, host_plan)
 from k3infra.host.preflight import run_host_preflight
 from k3infra.receipt import Receipt
@@ -126,16 +126,19 @@ class K3HostStack(pulumi.ComponentResource):
         self.cache_owner = self._container(instance, self.plan.container(CACHE_OWNER), secrets,
                                            [self.image, self.cache], attach=True)
 
+        # The proxy owns the network namespace and the ports (plan.py says why).
+        self.proxy = self._container(instance, proxy_spec, secrets, [self.proxy_image])
         spec = self.plan.container(SERVER)
+        joined = (self.proxy.name.apply(lambda n: f"container:{n}")
+                  if spec.network_mode == f"service:{PROXY}" else None)
         # The verdict is an input: a failed prefetch fails `pulumi up` before this exists.
         # The pins describe the engine the container really runs (the build's plan).
         self.server = self._container(instance, spec, secrets,
-                                      [self.prefetch, self.cache, self.cache_owner],
+                                      [self.prefetch, self.cache, self.cache_owner, self.proxy],
+                                      network_mode=joined,
                                       extra_labels={"k3infra.dev/weights-prefetch": verdict},
                                       pins=serving.pin_annotations(receipt, cfg,
                                                                    self.engine.plan.pins()))
-        self.proxy = self._container(instance, proxy_spec, secrets, [self.server, self.proxy_image],
-                                     network_mode=self.server.name.apply(lambda n: f"container:{n}"))
 
         self.endpoint = pulumi.Output.from_input(self.plan.endpoint)
         self.image_digest = self.engine.image_digest

@@ -8,13 +8,18 @@ One description feeds both outputs, so they cannot drift apart:
 - `K3HostStack` (k3infra/host/component.py) turns it into pulumi-docker resources;
 - `compose.yaml` (k3infra/host/compose.py) is the same containers for `docker compose up`.
 
-Three containers, in order:
+The containers, in order:
   prefetch  one-shot, the `k3weights` runtime (lock check, resumable download at the
             pinned revision, overlapped verify, atomic marker); must exit 0 first;
+  cache-owner  one-shot, gives the compile-cache volume to the engine's group;
+  proxy     the same nginx authenticating proxy as the pod (k3infra/serving/proxy.py);
+            it owns the network namespace and the published ports, their only listener;
   vllm      the weights gate, then `exec vllm serve` with the receipt's args and env;
-            vLLM listens on 127.0.0.1:enginePort inside its own network namespace;
-  proxy     the same nginx authenticating proxy as the pod (k3infra/serving/proxy.py),
-            in vllm's network namespace: the only listener on the published ports.
+            vLLM listens on 127.0.0.1:enginePort inside the proxy's network namespace.
+The proxy owns the namespace because vllm is the container that restarts by design (a
+refused gate, an engine crash): a restarted container gets a new namespace, and one that
+had joined it is left in the old, empty one (tests/e2e/test_host_compose.py found that
+with the opposite arrangement: the API stayed dark after vllm came back).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import manifests as weights
 
 SERVER = "vllm"                      # the serving container's role (Compose service name)
+PROXY = "proxy"                      # the owner of the network namespace and the ports
 # vLLM and NCCL pin host memory and open many files; the NVIDIA container guidance.
 ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
 # The secret env names the containers read (values: Pulumi secrets, or Compose's env file).
@@ -191,16 +197,18 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
                 # re-reads the tree, never trusting a record older than this container.
                 Mount("", weights.GATE_STATE_DIR, kind="tmpfs")],
         gpus=receipt.measured_gpu.gpus_per_node,
-        shm_size_bytes=s.shm_size_gi * 2**30, ulimits=dict(ULIMITS), ports=ports,
+        shm_size_bytes=s.shm_size_gi * 2**30, ulimits=dict(ULIMITS),
         healthcheck=HealthCheck(
             ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen("
                                      f"{health_url!r}, timeout={HEALTH_TIMEOUT_SECONDS})"],
             HEALTH_INTERVAL_SECONDS, HEALTH_TIMEOUT_SECONDS, HEALTH_RETRIES,
             # The startup budget (gate + engine deadline, serving/startup.py).
             budget.total_seconds),
-        restart=h.restart, network_mode="host" if h.network_mode == "host" else None,
+        restart=h.restart,
+        network_mode="host" if h.network_mode == "host" else f"service:{PROXY}",
         depends_on={"prefetch": "service_completed_successfully",
-                    CACHE_OWNER: "service_completed_successfully"})
+                    CACHE_OWNER: "service_completed_successfully",
+                    PROXY: "service_started"})
     cache_owner = HostContainer(
         name=CACHE_OWNER, image=image,
         command=["sh", "-c", f"chgrp {ENGINE_GID} {serving.CACHE_ROOT} && "
@@ -210,13 +218,13 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
 
     conf_path = f"{proxy.CONF_DIR}/{proxy.CONF_KEY}"
     proxy_c = HostContainer(
-        name="proxy", image=s.proxy_image,
+        name=PROXY, image=s.proxy_image,
         command=["sh", "-c", PROXY_START, conf_path],
         env={}, secret_env=[API_KEY_ENV],
         files={conf_path: proxy.nginx_conf(cfg, keys_file=PROXY_KEYS_FILE)},
-        mounts=[tmp], restart=h.restart, network_mode=f"service:{SERVER}",
-        user=f"{proxy.PROXY_UID}:{proxy.PROXY_UID}",
-        depends_on={SERVER: "service_started"})
-    return HostPlan(instance=instance, image=image, containers=[prefetch, cache_owner, vllm, proxy_c],
+        mounts=[tmp], restart=h.restart, ports=ports,
+        network_mode="host" if h.network_mode == "host" else None,
+        user=f"{proxy.PROXY_UID}:{proxy.PROXY_UID}")
+    return HostPlan(instance=instance, image=image, containers=[prefetch, cache_owner, proxy_c, vllm],
                     weights_root=h.weights_root, model_dir=model_dir,
                     serve_command=["vllm", "serve", *args], endpoint=endpoint(cfg))
