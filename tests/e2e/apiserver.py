@@ -369,7 +369,10 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
         procs.start("kube-apiserver", [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            f"--bind-address={HOST}",
+            # Inside the node tier's namespace also on the node's address, which the
+            # `kubernetes` Service leads to: pods reach the API server (the build Job's
+            # report container does); outside it, loopback only.
+            f"--bind-address={'0.0.0.0' if os.environ.get('K3INFRA_E2E_NODE_IP') else HOST}",
             f"--advertise-address={ADVERTISED}",
             f"--secure-port={api_port}",
             f"--cert-dir={workdir / 'apiserver'}",

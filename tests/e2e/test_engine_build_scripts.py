@@ -7,14 +7,12 @@ with the rendered ServiceAccount's own token (its Role: get/patch on that one na
 Pulumi's reading of it (`parse_build_result`, `check_result_object`) then gives the
 digest the registry holds. A broken recipe fails `build.sh` with BuildKit's own lines.
 
-What is not the Job (issue 34 is open for it): buildkitd runs as root beside the test,
-not rootless in the rendered pod (BuildKit's `-rootless` image and rootlesskit are not
-here yet), so the pod's security context, its NetworkPolicy and `pulumi up`'s wait for
-the Job are not exercised; `BUILDCTL` is a two-line wrapper that talks to that daemon
-(the image's `buildctl-daemonless.sh` starts its own). The recipe is
-tests/e2e/recipes/tiny-engine (the shape of images/Dockerfile; no CUDA base can be
-pulled here). The registry speaks plain HTTP on the namespace's loopback, set in
-buildkitd's own config.
+Beside the test rather than in the Job (test_node_engine_build.py runs the Job itself on
+the node): buildkitd runs as root with Debian's runc, `BUILDCTL` is a two-line wrapper that
+talks to it, and the failure cases run here because they take seconds. The recipe is
+tests/e2e/recipes/tiny-engine (the shape of images/Dockerfile; no CUDA base can be pulled
+here). The registry speaks plain HTTP on the namespace's loopback, set in buildkitd's
+own config.
 """
 from __future__ import annotations
 
@@ -23,33 +21,22 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from build_job import build_objects, pushed_repo_tag, recipe
 from engine import engine_bin  # noqa: F401  (fixture)
 from node import NODE_IP_ENV, image_layout, wait_for
 from registry import missing_tools, run_registry
 
-from k3infra.config import parse_stack_config
-from k3infra.engine import component as ec
 from k3infra.engine import manifests as em
-from k3infra.engine.plan import build_namespace, resolve_engine
 from k3infra.engine.result import check_result_object, parse_build_result
-from k3infra.receipt import load_receipt
 
 pytest_plugins = ["apiserver"]
 pytestmark = [pytest.mark.e2e, pytest.mark.node]
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "tests" / "e2e" / "recipes" / "tiny-engine"
-REVISION = "1" * 40
-REPO_PATH = "k3e2e/vllm"
 BUILD_TIMEOUT_S = 600
-MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json, "
-                  "application/vnd.oci.image.manifest.v1+json, "
-                  "application/vnd.docker.distribution.manifest.v2+json")
 
 
 def _missing(bin_dir: Path) -> str | None:
@@ -112,22 +99,6 @@ def buildctl(engine_bin, registry, tmp_path_factory):  # noqa: F811
             (work / "buildkitd.log").read_text(errors="replace").splitlines()[-15:]))
 
 
-def build_objects(registry_address: str, base: str, recipe: dict[str, str]):
-    """The in-cluster build as the stack renders it, for the loopback registry."""
-    receipt = load_receipt()
-    cfg = parse_stack_config({"weightsRevision": REVISION, "apiKey": "k", "namespace": "k3", "engine": {
-        "build": "in-cluster", "registry": f"{registry_address}/{REPO_PATH}",
-        "registrySecret": "push", "apiServerCidrs": ["127.0.0.1/32"],
-        "commit": receipt.engine.commit.ljust(40, "0"),
-        "baseImages": {"cudaDevel": base}}}, receipt=receipt)
-    plan = resolve_engine(receipt, cfg)
-    scripts = ec.job_files()
-    names = em.BuildNames("kimi-k3", build_namespace(cfg),
-                          em.build_hash(plan, cfg, recipe, scripts))
-    labels = {"app.kubernetes.io/name": "kimi-k3", "app.kubernetes.io/component": "engine-build"}
-    return plan, names, em.build_manifests(plan, cfg, names, labels, recipe, scripts)
-
-
 def container(job: dict, name: str) -> dict:
     spec = job["spec"]["template"]["spec"]
     return next(c for c in spec["initContainers"] + spec["containers"] if c["name"] == name)
@@ -174,26 +145,18 @@ def run_build(objs: dict, buildctl: Path, work: Path, registry_address: str) -> 
     return done
 
 
-def registry_digest(address: str, repo: str, tag: str) -> str:
-    req = urllib.request.Request(f"http://{address}/v2/{repo}/manifests/{tag}", method="HEAD",
-                                 headers={"Accept": MANIFEST_TYPES})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return resp.headers["Docker-Content-Digest"]
-
-
 def test_build_pushes_and_report_writes_the_digest_pulumi_reads(registry, buildctl, cluster,
                                                                  tmp_path):
     from kubernetes import client, utils
 
     reg, base = registry
-    plan, names, objs = build_objects(reg.address, base, {"Dockerfile": (RECIPE / "Dockerfile").read_text()})
+    plan, names, objs = build_objects(reg.address, base, recipe(), apiServerCidrs=["127.0.0.1/32"])
     done = run_build(objs, buildctl, tmp_path, reg.address)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     log = done.stdout + done.stderr
     assert "k3-engine: pass 1 (wheel)" in log and "k3-engine: pass 2 (runtime image)" in log
     metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
-    repo, tag = plan.tagged_ref.split("/", 1)[1].rsplit(":", 1)
-    pushed = registry_digest(reg.address, repo, tag)
+    pushed = reg.manifest_digest(*pushed_repo_tag(plan))
     print(f"pushed {plan.tagged_ref}: {pushed} (BuildKit metadata "
           f"{metadata['containerimage.digest']})")
     assert metadata["containerimage.digest"] == pushed
@@ -250,10 +213,10 @@ def test_build_pushes_and_report_writes_the_digest_pulumi_reads(registry, buildc
 
 def test_a_broken_recipe_fails_the_build_with_buildkits_lines(registry, buildctl, tmp_path):
     reg, base = registry
-    broken = (RECIPE / "Dockerfile").read_text().replace(
+    broken = recipe().replace(
         "RUN set -eu; mkdir -p /dist /k3-engine;",
         "RUN echo 'k3 e2e: a broken step' >&2; exit 3; mkdir -p /dist /k3-engine;")
-    _plan, _names, objs = build_objects(reg.address, base, {"Dockerfile": broken})
+    _plan, _names, objs = build_objects(reg.address, base, broken, apiServerCidrs=["127.0.0.1/32"])
     done = run_build(objs, buildctl, tmp_path, reg.address)
     log = done.stdout + done.stderr
     assert done.returncode != 0

@@ -2,7 +2,7 @@
 # Build (or reuse) one of the e2e tier's container images from the project's own files,
 # as an OCI image layout; print the layout directory as the last line (progress on stderr).
 #
-#   tools/images/build.sh NAME        # NAME: base, pause, proxy, engine-cpu
+#   tools/images/build.sh NAME        # NAME: base, pause, proxy, engine-cpu, buildkit
 #   tools/images/build.sh --cached NAME   # print the layout if built, else fail; build nothing
 #   K3INFRA_IMAGE_CACHE=DIR ...       # cache root (default ~/.cache/k3infra/images)
 #
@@ -16,6 +16,9 @@
 #   proxy       base + Debian's nginx-light (the authenticating proxy, the weights source)
 #   engine-cpu  base + python3 + /opt/vllm, a venv of engine-cpu/requirements.lock (the
 #               community CPU build of vLLM, a test dependency only: docs/e2e.md)
+#   buildkit    base + Debian's runc and uidmap + buildkitd, buildctl and rootlesskit
+#               from tools/engine/buildkit (its part key joins this image's key): the
+#               rootless BuildKit image the engine build Job runs (buildkit/setup.sh)
 # Images on base add one layer to base's (gzip). Needs root (debootstrap, chroot, mount
 # namespaces), debootstrap, umoci, gcc, go, python3, and Debian's mirror in the machine's
 # apt sources (/etc/apt/sources.list*). No `cmd | head` anywhere: under pipefail a
@@ -36,8 +39,8 @@ cached=0
 if [[ "${1:-}" == --cached ]]; then cached=1; shift; fi
 name="${1:-}"
 case "$name" in
-  base | pause | proxy | engine-cpu) ;;
-  *) die "usage: tools/images/build.sh NAME (NAME is base, pause, proxy or engine-cpu; got '${name}')" ;;
+  base | pause | proxy | engine-cpu | buildkit) ;;
+  *) die "usage: tools/images/build.sh NAME (NAME is base, pause, proxy, engine-cpu or buildkit; got '${name}')" ;;
 esac
 [[ "$(id -u)" == 0 ]] || die "$name: needs root (debootstrap, chroot and mount namespaces)"
 for tool in debootstrap umoci unshare chroot python3; do
@@ -247,6 +250,12 @@ build_engine_cpu() {
   touch "$wheels/.complete"
 }
 
+# The engine part's binaries (built or reused by tools/engine/build.sh), bound read-only.
+build_buildkit() {
+  BINDS+=("$buildkit_part:/mnt/buildkit")
+  build_on_base "$1" "$here/buildkit"
+}
+
 # --- pause -----------------------------------------------------------------------------
 
 # Kubernetes' pause.c, from the module the control plane is built from.
@@ -278,10 +287,19 @@ case "$name" in
     pause_version="$(cd "$here/../engine/cluster" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
     build pause "$(key "pause.c $(sha256sum < "$pause_c") $pause_version $(gcc -dumpfullversion)" \
       build.sh pause)" build_pause ;;
-  proxy | engine-cpu)
+  proxy | engine-cpu | buildkit)
     base_layout="$root/base-$base_key"
+    extra=""
+    if [[ "$name" == buildkit ]]; then
+      # The part's directory (its name carries the hash of its sources), from a link in
+      # the bin directory the engine build prints last.
+      engine_bin="$(K3INFRA_ENGINE_PARTS=buildkit "$here/../engine/build.sh")"
+      engine_bin="${engine_bin##*$'\n'}"
+      buildkit_part="$(dirname "$(readlink -f "$engine_bin/buildkitd")")"
+      extra=" part $(basename "$buildkit_part")"
+    fi
     if (( ! cached )); then build base "$base_key" build_base; fi
-    build "$name" "$(key "base $base_key" build.sh "$name")" "build_${name//-/_}" ;;
+    build "$name" "$(key "base $base_key$extra" build.sh "$name")" "build_${name//-/_}" ;;
 esac
 echo "$built"
 exit
