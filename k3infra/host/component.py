@@ -10,8 +10,8 @@ The Docker daemon is Pulumi's `docker:host` setting (ssh://user@host or the loca
 socket), or a `docker.Provider` passed in `opts.providers`. In order: the engine image
 pulled by digest, the prefetch container (must exit 0), the authenticating proxy (it
 owns the network namespace and the ports), the vLLM container in it (the weights gate,
-then `vllm serve` with the receipt's args and env). The containers are the host plan's (k3infra/host/plan.py), the
-same ones `compose.yaml` describes.
+then `vllm serve` with the receipt's args and env). The containers are the host plan's
+(k3infra/host/plan.py), the same ones `compose.yaml` describes.
 """
 from __future__ import annotations
 
