@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from apiserver import _Processes, _tail
 from build_job import build_objects, pushed_repo_tag, recipe
 from engine import engine_bin  # noqa: F401  (fixture)
 from node import NODE_IP_ENV, image_layout, wait_for
@@ -74,14 +75,14 @@ def buildctl(engine_bin, registry, tmp_path_factory):  # noqa: F811
                       '[worker.oci]\n  enabled = true\n  binary = "runc"\n'
                       '[worker.containerd]\n  enabled = false\n'
                       f'[registry."{reg.address}"]\n  http = true\n')
-    log = (work / "buildkitd.log").open("w")
-    proc = subprocess.Popen([str(Path(engine_bin) / "buildkitd"), "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT)
     wrapper = work / "buildctl"
     wrapper.write_text(f'#!/bin/sh\nexec {Path(engine_bin) / "buildctl"} --addr unix://{sock} "$@"\n')
     wrapper.chmod(0o755)
+    # Stopped whatever happens, and with the test run if it dies (the servers' helper).
+    procs = _Processes(work)
     try:
-        wait_for("buildkitd", lambda: proc.poll() is None and subprocess.run(
+        procs.start("buildkitd", [str(Path(engine_bin) / "buildkitd"), "--config", str(config)])
+        wait_for("buildkitd", lambda: procs.check_alive() or subprocess.run(
             [str(wrapper), "debug", "workers"], capture_output=True).returncode == 0,
             timeout=60, interval=0.5)
         version = subprocess.run([str(Path(engine_bin) / "buildkitd"), "--version"],
@@ -89,14 +90,8 @@ def buildctl(engine_bin, registry, tmp_path_factory):  # noqa: F811
         print(f"\n{version}; state in {work}")
         yield wrapper
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        print("buildkitd log (last lines):\n" + "\n".join(
-            (work / "buildkitd.log").read_text(errors="replace").splitlines()[-15:]))
+        procs.stop()
+        print("buildkitd log (last lines):\n" + _tail(work / "buildkitd.log", 15))
 
 
 def container(job: dict, name: str) -> dict:
