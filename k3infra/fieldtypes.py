@@ -112,6 +112,9 @@ Repository, REPOSITORY = pattern(r"[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9._-]+)
                                  "registry.example.com/k3/vllm", 255)
 DockerTag, DOCKER_TAG = pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}",
                                 "must be a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+RegistryHost, REGISTRY_HOST = pattern(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?",
+                                      "must be a registry host[:port] (lowercase, no "
+                                      "scheme, no path), such as registry.lan:5000", 260)
 GitUrl, GIT_URL = pattern(r"(https://|ssh://|git@)[^\s]+", "must be an https://, ssh:// or "
                           "git@ Git URL", 2048)
 HttpUrl, HTTP_URL = pattern(r"https?://[^\s/]+(/[^\s]*)?", "must be an http(s):// URL", 2048)

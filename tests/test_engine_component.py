@@ -418,8 +418,9 @@ def test_bad_engine_config_fails_before_any_registration():
 def test_missing_recipe_dir_is_a_clear_error(tmp_path):
     with pytest.raises(EngineBuildError) as err:
         ec.find_recipe_dir(str(tmp_path))
-    assert str(err.value) == (f"no engine recipe (Dockerfile) at {tmp_path}: pass recipeDir "
-                              "(a copy of the repository's images/ with its locks)")
+    assert str(err.value) == (f"no engine recipe (Dockerfile) at {tmp_path}: set "
+                              "k3:engine.recipeDir or pass recipeDir (a directory with a "
+                              "Dockerfile and its build.lock and runtime.lock)")
 
 
 def test_the_recipe_is_never_looked_up_from_the_working_directory(tmp_path, monkeypatch):
@@ -443,3 +444,29 @@ def test_in_cluster_with_placeholder_image_digests_is_refused_on_update(monkeypa
             mocks)
     assert "k3:engine.buildkitImage" in str(err.value) and "k3:engine.reporterImage" in str(err.value)
     assert mocks.resources == []
+
+
+def test_a_recipe_of_your_own_is_its_dockerfile_and_locks(tmp_path):
+    """k3:engine.recipeDir: the helper is optional; only regular files are read (a FIFO
+    would hang the program, a link could point anywhere), each refused in one line."""
+    import os
+
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    for lock in ec.LOCK_FILES:
+        (tmp_path / lock).write_text("# no packages\n")
+    assert sorted(ec.recipe_files(tmp_path)) == ["Dockerfile", "build.lock", "runtime.lock"]
+    assert ec.find_recipe_dir(str(tmp_path)) == tmp_path
+    (tmp_path / "runtime.lock").unlink()
+    os.mkfifo(tmp_path / "runtime.lock")
+    with pytest.raises(ec.EngineBuildError) as err:
+        ec.recipe_files(tmp_path)
+    assert str(err.value) == (f"{tmp_path}/runtime.lock: not a regular file (a link, a "
+                              "directory or a special file); a recipe is plain files")
+    (tmp_path / "runtime.lock").unlink()
+    (tmp_path / "runtime.lock").symlink_to("/etc/passwd")
+    with pytest.raises(ec.EngineBuildError, match="not a regular file"):
+        ec.recipe_files(tmp_path)
+    (tmp_path / "runtime.lock").unlink()
+    (tmp_path / "runtime.lock").write_text("x" * (ec.MAX_RECIPE_BYTES + 1))
+    with pytest.raises(ec.EngineBuildError, match="fit the context ConfigMap"):
+        ec.recipe_files(tmp_path)

@@ -312,9 +312,24 @@ def test_build_sh_git_context(tmp_path):
 
 
 def test_build_sh_stops_on_a_bad_wheel_hash_before_pass_two(tmp_path):
+    """A failed pass: no pass 2, no success marker, the log's last lines for `report`
+    (build.sh itself exits 0 so that the report container can fail the Job with them)."""
     r = run_build_sh(tmp_path, sha="not-a-hash")
-    assert r.returncode == 1 and "bad WHEEL_SHA256" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "bad WHEEL_SHA256" in r.stdout
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    out = tmp_path / "out"
+    assert not (out / "build.ok").exists() and not (out / "metadata.json").exists()
+    failed = (out / "build.failed").read_text()
+    assert "k3-engine: pass 1 (wheel) for" in failed
+    assert failed.rstrip().endswith("k3-engine: bad WHEEL_SHA256 'not-a-hash'")
+
+
+def test_build_sh_marks_a_build_whose_passes_all_ran(tmp_path):
+    r = run_build_sh(tmp_path)
+    out = tmp_path / "out"
+    assert r.returncode == 0 and (out / "build.ok").exists() and not (out / "build.failed").exists()
+    assert "k3-engine: pass 2 took" in (out / "build.log").read_text()
 
 
 def test_build_sh_refuses_empty_build_args(tmp_path):
@@ -457,3 +472,47 @@ def test_the_e2e_buildkit_is_the_default_images_release():
     assert tag, default
     gomod = (ROOT / "tools/engine/buildkit/go.mod").read_text()
     assert f"github.com/moby/buildkit {tag.group(1)} " in gomod
+
+
+def test_report_fails_a_failed_build_with_its_last_lines_and_writes_nothing(api, tmp_path,
+                                                                           monkeypatch, capsys):
+    """build.sh's build.failed: report exits 1 before any API call, printing the newest
+    lines within the kubelet's 2048-byte termination message (the rendered policy is
+    FallbackToLogsOnError, so they are what `pulumi up` shows)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = [f"#7 {i} " + "x" * 120 for i in range(40)] + ["ERROR: process \"/bin/sh -c exit 3\" "
+                                                          "did not complete successfully: exit code: 3"]
+    (out / "build.failed").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("K3_OUT", str(out))
+    assert report.main() == 1
+    err = capsys.readouterr().err
+    assert err.startswith("k3-engine report: the build failed; its last lines:\n")
+    assert err.rstrip().endswith("exit code: 3")
+    assert len(err.encode()) < 2048 and "#7 39 " in err and "#7 0 " not in err
+    assert FakeApi.seen == []
+    _, _, objs = objects()
+    rep = next(c for c in objs["job"]["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "report")
+    assert rep["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_plain_http_registries_reach_buildkitd_through_its_config_file():
+    """k3:engine.plainHttpRegistries: a buildkitd.toml in the job ConfigMap, passed with
+    --config; without the key neither exists and the build's names are unchanged."""
+    _, names, objs = objects(cfg(plainHttpRegistries=["10.0.0.5:5000", "registry.lan"]))
+    data = objs["job-files"]["data"]
+    assert data["buildkitd.toml"] == ('[registry."10.0.0.5:5000"]\n  http = true\n'
+                                      '[registry."registry.lan"]\n  http = true\n')
+    build = next(c for c in objs["job"]["spec"]["template"]["spec"]["initContainers"]
+                 if c["name"] == "build")
+    env = {e["name"]: e["value"] for e in build["env"] if "value" in e}
+    assert env["BUILDKITD_FLAGS"] == ("--oci-worker-no-process-sandbox "
+                                      "--config=/k3/job/buildkitd.toml")
+    _, plain_names, plain = objects()
+    assert "buildkitd.toml" not in plain["job-files"]["data"]
+    build = next(c for c in plain["job"]["spec"]["template"]["spec"]["initContainers"]
+                 if c["name"] == "build")
+    assert {e["name"]: e.get("value") for e in build["env"]}["BUILDKITD_FLAGS"] == \
+        "--oci-worker-no-process-sandbox"
+    assert names.build_hash != plain_names.build_hash

@@ -138,6 +138,17 @@ def test_custom_profile_is_labelled_not_measured(receipt):
     ({"engineImage": IMAGE, "engine": {"upstreamVersion": "0.33.0"}}, "k3:engine.upstreamVersion"),
     ({"engine": {"build": "local", "registry": REPO, "wheelSha256": "a" * 64}},
      "k3:engine.wheelSha256"),
+    # A recipe of your own is the custom profile, and only where this machine's files go.
+    ({"engine": {"build": "local", "registry": REPO, "recipeDir": "recipe"}},
+     "k3:engine.recipeDir"),
+    ({"profile": "custom", "engineImage": IMAGE, "engine": {"recipeDir": "recipe"}},
+     "k3:engine.recipeDir"),
+    ({"profile": "custom", "engine": {"build": "in-cluster", "registry": REPO,
+                                      "registrySecret": "push", "recipeDir": "recipe",
+                                      "context": "git", "gitUrl": "https://git.example.com/x.git",
+                                      "gitRevision": "a" * 40}}, "k3:engine.recipeDir"),
+    ({"engine": {"build": "local", "registry": REPO, "plainHttpRegistries": ["registry.lan:5000"]}},
+     "k3:engine.plainHttpRegistries"),
     ({"profile": "upstream", "engineImage": IMAGE, "engine": {"upstreamVersion": "0.32.9"}},
      "k3:engine.upstreamVersion"),
     ({"profile": "upstream", "engineImage": IMAGE, "engine": {"upstreamVersion": "0.33.0rc1"}},
@@ -163,6 +174,12 @@ def test_refusals_name_the_key(receipt, keys, key):
     ({"wheelSha256": "ABC"}, "k3:engine.wheelSha256"),
     ({"buildMemoryGi": 8}, "k3:engine.buildMemoryGi"),
     ({"nvccThreads": 16}, "k3:engine.nvccThreads"),
+    ({"buildCpu": 0}, "k3:engine.buildCpu"),
+    ({"recipeDir": "../x\n"}, "k3:engine.recipeDir"),
+    ({"recipeDir": "my recipe"}, "k3:engine.recipeDir"),
+    ({"plainHttpRegistries": ["http://registry.lan:5000"]}, "k3:engine.plainHttpRegistries"),
+    ({"plainHttpRegistries": ["registry.lan:5000/k3"]}, "k3:engine.plainHttpRegistries"),
+    ({"plainHttpRegistries": ["Registry.lan"]}, "k3:engine.plainHttpRegistries"),
 ])
 def test_engine_keys_are_validated_by_the_config(engine, key):
     with pytest.raises(ConfigError) as err:
@@ -220,3 +237,27 @@ def test_the_pinned_commit_is_a_full_sha(commit):
     with pytest.raises(ConfigError) as err:
         in_cluster(commit=commit)
     assert err.value.key == "k3:engine.commit"
+
+
+def test_a_custom_recipe_and_a_plain_http_registry_are_accepted_together(receipt):
+    c = cfg(profile="custom", engine={"build": "in-cluster", "registry": REPO,
+                                      "registrySecret": "push", "recipeDir": "recipes/tiny",
+                                      "buildCpu": 1, "plainHttpRegistries": ["10.0.0.5:5000"]})
+    p = resolve_engine(receipt, c)
+    assert p.mode == "in-cluster" and not p.measured
+    assert (p.build_args["MAX_JOBS"], p.build_args["NVCC_THREADS"]) == ("1", "1")
+
+
+def test_an_engine_that_is_no_cuda_build_needs_a_recipe_of_its_own(receipt):
+    """A receipt whose engine.cuda_arch names no compute capability (a CPU engine): the
+    shipped recipe is refused in one line naming the key; a recipe of your own gets the
+    build args without TORCH_CUDA_ARCH_LIST."""
+    cpu = receipt.model_copy(update={"engine": receipt.engine.model_copy(
+        update={"cuda_arch": "none (CPU build)"})})
+    engine = {"build": "in-cluster", "registry": REPO, "registrySecret": "push"}
+    with pytest.raises(ConfigError) as err:
+        resolve_engine(cpu, cfg(profile="custom", engine=engine))
+    assert err.value.key == "k3:engine.recipeDir"
+    assert "engine.cuda_arch 'none (CPU build)' names no CUDA compute capability" in str(err.value)
+    args = resolve_engine(cpu, cfg(profile="custom", engine={**engine, "recipeDir": "r"})).build_args
+    assert "TORCH_CUDA_ARCH_LIST" not in args and args["ENGINE_CUDA_ARCH"] == "none (CPU build)"

@@ -11,7 +11,7 @@ from k3infra.config.pools import NodePoolConfig
 from k3infra.fieldtypes import (
     API_KEY, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsLabel,
     DnsSubdomain, DockerTag, EnvName, HubCommit, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
-    IpAddress, Labels, LabelValue, Percent, Port, Replicas, Repository,
+    IpAddress, Labels, LabelValue, Percent, Port, RegistryHost, Replicas, Repository,
     ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
     LABEL_KEY_REGEX, integer, number, pattern)
 
@@ -313,11 +313,17 @@ class EngineConfig(_Section):
     # in-cluster: where BuildKit reads images/ from. `configmap` uploads this checkout's
     # images/ (a few small files); `git` builds gitUrl at a pinned 40-hex gitRevision.
     context: Literal["configmap", "git"] = "configmap"
+    # profile custom: a recipe of your own instead of the shipped images/ (its Dockerfile
+    # with the stages build.sh runs, wheel-export and runtime, and its own build.lock and
+    # runtime.lock); relative to the Pulumi project directory.
+    recipe_dir: Optional[FilePath] = Field(default=None, alias="recipeDir")
     git_url: Optional[GitUrl] = Field(default=None, alias="gitUrl")
     git_revision: Optional[Commit] = Field(default=None, alias="gitRevision")
     # The CPU build node. nvcc jobs need several GiB each: MAX_JOBS/NVCC_THREADS are
     # derived from these two unless set (k3infra.engine.plan.build_parallelism).
-    build_cpu: integer(4, 1024) = Field(default=32, alias="buildCpu")
+    # At least 1: a small recipe of your own (recipeDir) builds on one core; the
+    # shipped vLLM recipe wants the default.
+    build_cpu: integer(1, 1024) = Field(default=32, alias="buildCpu")
     build_memory_gi: integer(16, 8192) = Field(default=128, alias="buildMemoryGi")
     build_disk_gi: integer(50, 65536) = Field(default=200, alias="buildDiskGi")
     max_jobs: Optional[integer(1, 1024)] = Field(default=None, alias="maxJobs")
@@ -336,6 +342,10 @@ class EngineConfig(_Section):
     # in-cluster: a registry or mirror inside your network (cluster CIDRs are otherwise
     # unreachable from the build).
     registry_cidrs: list[Cidr] = Field(default_factory=list, alias="registryCidrs")
+    # in-cluster: registries inside your network that speak plain HTTP (host[:port]),
+    # for BuildKit's pulls and its push; the nodes' container runtime must be told too.
+    plain_http_registries: list[RegistryHost] = Field(default_factory=list,
+                                                      alias="plainHttpRegistries")
     # Registry build cache: its own repository and push Secret (never the serving
     # image's); unset, builds use no registry cache at all.
     cache_registry: Optional[Repository] = Field(default=None, alias="cacheRegistry")

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any, Optional, TypedDict, Union
 
@@ -59,20 +60,44 @@ def find_recipe_dir(explicit: Optional[str] = None) -> Path:
     else a checkout's images/ beside the package. Never looked up from the working
     directory: an unrelated images/ there must not become the engine."""
     if explicit:
-        found = Path(explicit)
+        found = Path(explicit)      # relative: to the Pulumi project, where programs run
     else:
         found = next((c for c in (PACKAGED_RECIPE, CHECKOUT_RECIPE)
                       if (c / "Dockerfile").is_file()), PACKAGED_RECIPE)
     if not (found / "Dockerfile").is_file():
-        raise EngineBuildError(f"no engine recipe (Dockerfile) at {found}: pass recipeDir "
-                               "(a copy of the repository's images/ with its locks)")
+        raise EngineBuildError(f"no engine recipe (Dockerfile) at {found}: set "
+                               "k3:engine.recipeDir or pass recipeDir (a directory with a "
+                               "Dockerfile and its build.lock and runtime.lock)")
     return found
 
 
+# The context travels in one ConfigMap (1 MiB with its metadata).
+MAX_RECIPE_BYTES = 900 * 1024
+
+
 def recipe_files(recipe: Path) -> dict[str, str]:
-    """The recipe's files; a missing lock is left out (lock_gates refuses the update)."""
-    return {name: (recipe / name).read_text() for name in RECIPE_FILES
-            if name not in LOCK_FILES or (recipe / name).is_file()}
+    """The recipe's files (RECIPE_FILES that exist: a missing lock is refused by
+    lock_gates, the helper is optional in a recipe of your own). Only regular files are
+    read: a FIFO or a device would hang the program, a link could point anywhere."""
+    files: dict[str, str] = {}
+    for name in RECIPE_FILES:
+        path = recipe / name
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise EngineBuildError(f"{path}: not a regular file (a link, a directory or a "
+                                   "special file); a recipe is plain files")
+        try:
+            files[name] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EngineBuildError(f"{path}: cannot be read as UTF-8 text ({exc})") from None
+    size = sum(len(text.encode()) for text in files.values())
+    if size > MAX_RECIPE_BYTES:
+        raise EngineBuildError(f"{recipe}: the recipe's files are {size} bytes; at most "
+                               f"{MAX_RECIPE_BYTES} fit the context ConfigMap")
+    return files
 
 
 def lock_gates(recipe: Optional[Path]) -> list:
@@ -134,7 +159,8 @@ class EngineBuild(pulumi.ComponentResource):
             enforce(engine_gates(cfg), self.offline_render)
         uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
                                                and cfg.engine.context == "configmap")
-        recipe = find_recipe_dir(args.get("recipeDir")) if uses_recipe else None
+        recipe = (find_recipe_dir(args.get("recipeDir") or cfg.engine.recipe_dir)
+                  if uses_recipe else None)
         enforce(lock_gates(recipe), self.offline_render)
         super().__init__("k3infra:index:EngineBuild", name, None, opts)
         self._opts = opts

@@ -30,6 +30,7 @@ CACHE_AUTH_DIR = "/k3/cache-auth"
 BUILDKIT_UID = 1000
 BUILDKIT_HOME = "/home/user"
 BUILD_ARGS_KEY = "build-args"
+BUILDKITD_CONFIG_KEY = "buildkitd.toml"   # in the job ConfigMap (k3:engine.plainHttpRegistries)
 JOB_SCRIPTS = ("build.sh", "report.py", "auth.py")
 # Result ConfigMap keys (written by pod/report.py, read by result.parse_build_result).
 RESULT_KEYS = ("digest", "image", "wheelSha256", "engineCommit", "vllmVersion")
@@ -105,7 +106,17 @@ def build_hash(plan: EnginePlan, cfg: StackConfig, context_files: dict[str, str]
                          eng.build_runtime_class],
                 "cache": [eng.cache_registry, eng.cache_registry_secret],
                 "sccache": eng.sccache_secret}
+    if eng.plain_http_registries:       # only when set: unchanged builds keep their names
+        material["plainHttp"] = sorted(eng.plain_http_registries)
     return _digest(material)
+
+
+def buildkitd_config(cfg: StackConfig) -> Optional[str]:
+    """buildkitd.toml for registries that speak plain HTTP (None: every registry has TLS)."""
+    hosts = sorted(set(cfg.engine.plain_http_registries))
+    if not hosts:
+        return None
+    return "".join(f'[registry."{host}"]\n  http = true\n' for host in hosts)
 
 
 def build_args_text(plan: EnginePlan) -> str:
@@ -136,10 +147,11 @@ def context_configmap(names: BuildNames, labels: dict, context_files: dict[str, 
 
 
 def job_configmap(names: BuildNames, labels: dict, plan: EnginePlan,
-                  job_files: dict[str, str]) -> dict:
+                  job_files: dict[str, str], buildkitd: Optional[str] = None) -> dict:
+    extra = {BUILDKITD_CONFIG_KEY: buildkitd} if buildkitd else {}
     return podfiles.configmap(_meta(names.job_configmap, names, labels),
                               {**dict(sorted(job_files.items())),
-                               BUILD_ARGS_KEY: build_args_text(plan)})
+                               BUILD_ARGS_KEY: build_args_text(plan), **extra})
 
 
 def result_configmap(names: BuildNames, labels: dict, plan: EnginePlan) -> dict:
@@ -231,7 +243,8 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
     context = buildkit_context(cfg)
     build_env = [
         # Rootless BuildKit in an unprivileged pod (BuildKit's own Kubernetes example).
-        {"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox"},
+        {"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox" + (
+            f" --config={JOB_DIR}/{BUILDKITD_CONFIG_KEY}" if buildkitd_config(cfg) else "")},
         {"name": "DOCKER_CONFIG", "value": AUTH_DIR},
         {"name": "K3_CONTEXT", "value": context},
         {"name": "K3_IMAGE", "value": plan.tagged_ref},
@@ -324,6 +337,9 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         "image": eng.reporter_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{JOB_DIR}/report.py"],
+        # A failed build's last lines (report.py prints them) become the termination
+        # message, which `pulumi up`'s error shows.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": [
             {"name": "K3_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "K3_RESULT_CONFIGMAP", "value": names.result_configmap},
@@ -385,7 +401,7 @@ def build_manifests(plan: EnginePlan, cfg: StackConfig, names: BuildNames, label
             "network-policy": network_policy(cfg, plan, names, labels),
             "service-account": service_account(names, labels), "role": role(names, labels),
             "role-binding": role_binding(names, labels),
-            "job-files": job_configmap(names, labels, plan, job_files),
+            "job-files": job_configmap(names, labels, plan, job_files, buildkitd_config(cfg)),
             "result": result_configmap(names, labels, plan)}
     if cfg.engine.context == "configmap":
         objs["context"] = context_configmap(names, labels, context_files)

@@ -139,6 +139,18 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
     e = receipt.engine
     jobs, threads = build_parallelism(cfg.engine.build_cpu, cfg.engine.build_memory_gi,
                                       cfg.engine.nvcc_threads, cfg.engine.max_jobs)
+    try:
+        arch = {"TORCH_CUDA_ARCH_LIST": arch_list(RECIPE_CUDA_VERSION, e.cuda_arch)}
+    except ValueError:
+        # A receipt whose engine is no CUDA build (the e2e's CPU receipt): the shipped
+        # recipe compiles CUDA kernels and cannot build it; a recipe of your own may.
+        if cfg.engine.recipe_dir is None:
+            raise ConfigError("k3:engine.recipeDir", None,
+                              f"is required to build the engine of receipt {receipt.id}: its "
+                              f"engine.cuda_arch {e.cuda_arch!r} names no CUDA compute "
+                              "capability, which the shipped recipe compiles for (a recipe of "
+                              "your own, profile custom, or k3:engine.build = prebuilt)") from None
+        arch = {}
     return {
         "ENGINE_REPO": e.repo,
         # The pinned full SHA; until it is set (a render) the receipt's prefix, which
@@ -149,7 +161,7 @@ def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
         "ENGINE_VERSION": e.version,
         "ENGINE_EXCLUDE": ",".join(e.build_exclusions),
         "ENGINE_CUDA_ARCH": e.cuda_arch,
-        "TORCH_CUDA_ARCH_LIST": arch_list(RECIPE_CUDA_VERSION, e.cuda_arch),
+        **arch,
         "MAX_JOBS": str(jobs),
         "NVCC_THREADS": str(threads),
         "USE_SCCACHE": "1" if cfg.engine.sccache_secret else "0",
@@ -216,6 +228,19 @@ def _check(receipt: Receipt, cfg: StackConfig) -> None:
                               "is required with k3:engine.context = git: a 40-hex commit")
     if eng.build == "in-cluster":
         build_namespace(cfg)
+    if eng.recipe_dir is not None:
+        if cfg.profile != "custom":
+            raise ConfigError("k3:engine.recipeDir", eng.recipe_dir,
+                              "is only accepted with k3:profile = custom: the measured engine "
+                              "is built from the shipped recipe (images/)")
+        if eng.build == "prebuilt" or (eng.build == "in-cluster" and eng.context == "git"):
+            raise ConfigError("k3:engine.recipeDir", eng.recipe_dir,
+                              "is only used by a build from this machine's files "
+                              "(k3:engine.build = local, or in-cluster with context configmap)")
+    if eng.plain_http_registries and eng.build != "in-cluster":
+        raise ConfigError("k3:engine.plainHttpRegistries", eng.plain_http_registries,
+                          "is only used with k3:engine.build = in-cluster (BuildKit in the "
+                          "build pod); a local build uses your Docker builder's settings")
     if eng.build_isolation == "runtime-class" and eng.build_runtime_class is None:
         raise ConfigError("k3:engine.buildRuntimeClass", None,
                           "is required with k3:engine.buildIsolation = runtime-class: a "

@@ -6,6 +6,9 @@
 #           $K3_OUT/metadata.json for the report container.
 # Pass 2 reuses pass 1's layers from the local BuildKit state; with a registry cache
 # ($K3_CACHE, its own repository) both read it and pass 2 writes it (mode=max).
+# A failed pass leaves $K3_OUT/build.failed (the log's last lines) and exits 0: the
+# `report` container then fails the Job with those lines as its termination message,
+# which `pulumi up` prints (it reads the Job's containers, not its init containers).
 set -eu
 
 : "${K3_CONTEXT:?local or a Git context}"
@@ -44,38 +47,50 @@ if [ -n "$K3_CACHE" ]; then
     set -- "$@" --import-cache "type=registry,ref=$K3_CACHE"
 fi
 
-mkdir -p "$K3_OUT/wheel"
-t0=$(date +%s)
-echo "k3-engine: pass 1 (wheel) for $K3_IMAGE from $K3_CONTEXT"
-"$BUILDCTL" build "$@" --opt target=wheel-export \
-    --output "type=local,dest=$K3_OUT/wheel"
-t1=$(date +%s)
-echo "k3-engine: pass 1 took $((t1 - t0)) s"
+passes() {
+    mkdir -p "$K3_OUT/wheel"
+    t0=$(date +%s)
+    echo "k3-engine: pass 1 (wheel) for $K3_IMAGE from $K3_CONTEXT"
+    "$BUILDCTL" build "$@" --opt target=wheel-export \
+        --output "type=local,dest=$K3_OUT/wheel"
+    t1=$(date +%s)
+    echo "k3-engine: pass 1 took $((t1 - t0)) s"
 
-if [ ! -s "$K3_OUT/wheel/engine-wheel.env" ]; then
-    echo "k3-engine: pass 1 wrote no engine-wheel.env" >&2
-    exit 1
-fi
-WHEEL_SHA256=""
-ENGINE_COMMIT_FULL=""
-# shellcheck disable=SC1091  # written by pass 1 (k3_engine_build.py wheel-record)
-. "$K3_OUT/wheel/engine-wheel.env"
-case "$WHEEL_SHA256" in
-    *[!0-9a-f]*|'') echo "k3-engine: bad WHEEL_SHA256 '$WHEEL_SHA256'" >&2; exit 1 ;;
-esac
-if [ "${#WHEEL_SHA256}" -ne 64 ]; then
-    echo "k3-engine: WHEEL_SHA256 is not 64 hex characters" >&2
-    exit 1
-fi
+    if [ ! -s "$K3_OUT/wheel/engine-wheel.env" ]; then
+        echo "k3-engine: pass 1 wrote no engine-wheel.env" >&2
+        exit 1
+    fi
+    WHEEL_SHA256=""
+    ENGINE_COMMIT_FULL=""
+    # shellcheck disable=SC1091  # written by pass 1 (k3_engine_build.py wheel-record)
+    . "$K3_OUT/wheel/engine-wheel.env"
+    case "$WHEEL_SHA256" in
+        *[!0-9a-f]*|'') echo "k3-engine: bad WHEEL_SHA256 '$WHEEL_SHA256'" >&2; exit 1 ;;
+    esac
+    if [ "${#WHEEL_SHA256}" -ne 64 ]; then
+        echo "k3-engine: WHEEL_SHA256 is not 64 hex characters" >&2
+        exit 1
+    fi
 
-echo "k3-engine: pass 2 (runtime image) wheel sha256 $WHEEL_SHA256"
-if [ -n "$K3_CACHE" ]; then
-    set -- "$@" --export-cache "type=registry,ref=$K3_CACHE,mode=max,ignore-error=true"
+    echo "k3-engine: pass 2 (runtime image) wheel sha256 $WHEEL_SHA256"
+    if [ -n "$K3_CACHE" ]; then
+        set -- "$@" --export-cache "type=registry,ref=$K3_CACHE,mode=max,ignore-error=true"
+    fi
+    "$BUILDCTL" build "$@" --opt target=runtime \
+        --opt "build-arg:WHEEL_SHA256=$WHEEL_SHA256" \
+        --opt "build-arg:ENGINE_COMMIT_FULL=$ENGINE_COMMIT_FULL" \
+        --output "type=image,name=$K3_IMAGE,push=true" \
+        --metadata-file "$K3_OUT/metadata.json"
+    t2=$(date +%s)
+    echo "k3-engine: pass 2 took $((t2 - t1)) s; total $((t2 - t0)) s"
+}
+
+rm -f "$K3_OUT/build.ok" "$K3_OUT/build.failed"
+mkdir -p "$K3_OUT"
+# set -e holds inside the group (it is not a tested command); the marker is written only
+# if every step passed. tee keeps the log streaming to the pod's log.
+{ passes "$@"; : > "$K3_OUT/build.ok"; } 2>&1 | tee "$K3_OUT/build.log"
+if [ ! -e "$K3_OUT/build.ok" ]; then
+    tail -n 40 "$K3_OUT/build.log" > "$K3_OUT/build.failed"
+    echo "k3-engine: the build failed; the report container fails the Job with its last lines" >&2
 fi
-"$BUILDCTL" build "$@" --opt target=runtime \
-    --opt "build-arg:WHEEL_SHA256=$WHEEL_SHA256" \
-    --opt "build-arg:ENGINE_COMMIT_FULL=$ENGINE_COMMIT_FULL" \
-    --output "type=image,name=$K3_IMAGE,push=true" \
-    --metadata-file "$K3_OUT/metadata.json"
-t2=$(date +%s)
-echo "k3-engine: pass 2 took $((t2 - t1)) s; total $((t2 - t0)) s"

@@ -23,6 +23,7 @@ DIGEST = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
 SHA256 = re.compile(r"\A[0-9a-f]{64}\Z")
 FULL_SHA = re.compile(r"\A[0-9a-f]{40}\Z")
 ATTEMPTS = 5
+MESSAGE_BYTES = 1800        # below the kubelet's 2048-byte termination message
 
 
 class ReportError(Exception):
@@ -91,7 +92,30 @@ def report(out: Path, api: str, namespace: str, name: str, repository: str, toke
     return data
 
 
+def build_failure(out: Path) -> str | None:
+    """The failed build's last lines (build.sh's build.failed), trimmed to what the
+    kubelet keeps of a failed container's log as its termination message (2048 bytes
+    or 80 lines): the newest lines are the ones that say why."""
+    path = out / "build.failed"
+    if not path.is_file():
+        return None
+    lines = path.read_text(errors="replace").splitlines()[-30:]
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        line = line[:300]
+        if size + len(line) + 1 > MESSAGE_BYTES:
+            break
+        kept.insert(0, line)
+        size += len(line.encode()) + 1
+    return "\n".join(kept)
+
+
 def main() -> int:
+    failed = build_failure(Path(os.environ.get("K3_OUT", "/k3/out")))
+    if failed is not None:
+        print(f"k3-engine report: the build failed; its last lines:\n{failed}", file=sys.stderr)
+        return 1
     try:
         token_dir = Path(os.environ.get("K3_TOKEN_DIR", "/var/run/secrets/kubernetes.io/serviceaccount"))
         ca = token_dir / "ca.crt"
