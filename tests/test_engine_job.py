@@ -481,8 +481,9 @@ def test_report_fails_a_failed_build_with_its_last_lines_and_writes_nothing(api,
     FallbackToLogsOnError, so they are what `pulumi up` shows)."""
     out = tmp_path / "out"
     out.mkdir()
-    lines = [f"#7 {i} " + "x" * 120 for i in range(40)] + ["ERROR: process \"/bin/sh -c exit 3\" "
-                                                          "did not complete successfully: exit code: 3"]
+    lines = [f"#7 {i} " + "x" * 120 for i in range(40)] + [
+        "error: failed to solve: process \"/bin/sh -c " + "y" * 2000 +
+        "\" did not complete successfully: exit code: 3"]
     (out / "build.failed").write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("K3_OUT", str(out))
     assert report.main() == 1

@@ -18,27 +18,38 @@ REPO_PATH = "k3e2e/vllm"
 LABELS = {"app.kubernetes.io/name": "kimi-k3", "app.kubernetes.io/component": "engine-build"}
 
 
-def recipe() -> str:
-    return (RECIPE / "Dockerfile").read_text()
+def recipe() -> dict[str, str]:
+    """The recipe's files, as the stack reads them (k3infra.engine.component.recipe_files)."""
+    return ec.recipe_files(RECIPE)
 
 
-def build_objects(registry: str, base: str, dockerfile: str,
+def build_objects(registry: str, base: str, context: dict[str, str],
                   **engine) -> tuple[EnginePlan, em.BuildNames, dict[str, dict]]:
-    """(plan, names, objects) of an in-cluster build pushing to registry/k3e2e/vllm, the
-    recipe's base image `base` (as k3:engine.baseImages.cudaDevel), `engine` more
-    k3:engine keys."""
+    """(plan, names, objects) of an in-cluster build of the recipe files `context`,
+    pushing to registry/k3e2e/vllm, with `base` as both of the recipe's base images
+    (k3:engine.baseImages.uv and .cudaDevel), `engine` more k3:engine keys."""
     receipt = load_receipt()
-    cfg = parse_stack_config({"weightsRevision": REVISION, "apiKey": "k", "namespace": "k3", "engine": {
+    cfg = parse_stack_config({"weightsRevision": REVISION, "apiKey": "k", "namespace": "k3",
+                              "profile": "custom", "engine": {
         "build": "in-cluster", "registry": f"{registry}/{REPO_PATH}", "registrySecret": "push",
         # The full commit a user resolves once; here the receipt's prefix, padded.
-        "commit": receipt.engine.commit.ljust(40, "0"),
-        "baseImages": {"cudaDevel": base}, **engine}}, receipt=receipt)
+        "commit": receipt.engine.commit.ljust(40, "0"), "recipeDir": str(RECIPE),
+        "baseImages": {"cudaDevel": base, "uv": base}, **engine}}, receipt=receipt)
     plan = resolve_engine(receipt, cfg)
-    context = {"Dockerfile": dockerfile}
     scripts = ec.job_files()
     names = em.BuildNames("kimi-k3", build_namespace(cfg),
                           em.build_hash(plan, cfg, context, scripts))
     return plan, names, em.build_manifests(plan, cfg, names, LABELS, context, scripts)
+
+
+def broken_recipe() -> dict[str, str]:
+    """The recipe with a failing first RUN (a broken build step, exit code 3)."""
+    files = recipe()
+    files["Dockerfile"] = files["Dockerfile"].replace(
+        "RUN set -eu; mkdir -p /dist;",
+        "RUN echo 'k3 e2e: a broken step' >&2; exit 3; mkdir -p /dist;")
+    assert files["Dockerfile"] != recipe()["Dockerfile"]
+    return files
 
 
 def pushed_repo_tag(plan: EnginePlan) -> tuple[str, str]:

@@ -4,8 +4,9 @@ CNI, kube-proxy and CoreDNS, joined to the control plane of ``tests/e2e/apiserve
 Everything runs inside the network namespace ``tests/e2e/netns.sh`` makes for the whole
 ``make e2e`` run (it exports K3INFRA_E2E_NODE_IP, the namespace's own address): nothing
 listens outside it and no packet leaves it. Images are the project's own
-(``tools/images/build.sh``: Debian packages packed with umoci), pushed to a loopback
-registry (Debian's ``docker-registry``) and pulled by digest, like the product pins them.
+(``tools/images/build.sh``: Debian packages packed with umoci), pushed to a registry
+(Debian's ``docker-registry``) on the namespace's address, where the pods' BuildKit
+reaches it too, and pulled by digest, like the product pins them.
 
 What differs from a user's node, and why:
 - the kubelet authenticates to the API server with the admin certificate (no TLS
@@ -63,7 +64,7 @@ class Node:
     ip: str                          # InternalIP; pods reach the node's services here
     cluster: Cluster
     images: dict[str, str]           # image name -> pinned reference in the registry
-    registry: str                    # host:port of the loopback registry
+    registry: str                    # host:port of the registry (node address, plain HTTP)
     workdir: Path
     volumes: Path                    # the static PersistentVolumes' directories
     product_label: str
@@ -302,7 +303,7 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
     deadline = started + START_TIMEOUT_S
     bin_dir = cluster.bin_dir
     procs = _Processes(workdir)
-    with _kernel_settings_restored(), run_registry(workdir / "registry") as reg:
+    with _kernel_settings_restored(), run_registry(workdir / "registry", host=node_ip) as reg:
         try:
             pushed = {name: reg.push(image_layout(name), f"k3e2e/{name}", "e2e")
                       for name in ("pause", *images)}

@@ -18,15 +18,24 @@ can set; no product code knows it runs in a test):
 - `k3:weights.hubEndpoint` points at the loopback Hub; `k3:weights.storageClass` and
   `k3:serving.cacheStorageClass` at the node's static local volumes;
 - the pods' CPU, memory and volume sizes are scaled to a 2-core, 24 GiB node;
-- the engine image is the CPU build, `k3:engine.build: prebuilt` (the in-cluster build
-  needs the CUDA toolchain), the proxy image is Debian's nginx (both pinned by digest
-  from the loopback registry);
+- the engine is built in-cluster (`k3:engine.build: in-cluster`) by the rendered build Job
+  from a recipe of the user's own (`k3:profile: custom`, `k3:engine.recipeDir`:
+  tests/e2e/recipes/tiny-engine, which adds its layers to the CPU engine image: the
+  shipped recipe needs the CUDA images), so the serving pod runs the digest the Job
+  pushed; the BuildKit image is the project's (`buildkit`), the reporter the engine
+  image, the registry the node's (plain HTTP: `k3:engine.plainHttpRegistries`), the build
+  pod sized to 1 CPU, 16 GiB; the proxy image is Debian's nginx (all pinned by digest);
+- the one node plays both pools in turn: while the build pod is scheduled it wears the
+  build pool's label instead of the GPU product label (`BuildPool`), as a CPU build
+  node and a GPU node would; the pool's taint is not set (its toleration is rendered);
 - `k3:benchmark.runs: 1`: two runs of the grid on 2 shared cores disagree beyond the
   +-10 % tolerance, which says nothing about the plumbing under test.
 """
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -39,6 +48,7 @@ import yaml
 
 import hub_loopback
 import tiny_moe
+from build_job import broken_recipe
 from engine import Pulumi, copy_project, install_provider
 from engine import engine_bin  # noqa: F401  (fixture)
 from node import GPU_RESOURCE, STORAGE_CLASS, node_fixture, wait_for
@@ -54,7 +64,10 @@ STS = "kimi-k3"
 POD = f"{STS}-0"
 API_KEY = "e2e-node-key-0123456789abcdef"   # test-only
 
-node = node_fixture(PRODUCT, images=("engine-cpu", "proxy"))
+node = node_fixture(PRODUCT, images=("engine-cpu", "proxy", "buildkit", "base"))
+BUILD_NS = f"{NS}-build"             # k3:engine.buildNamespace's default
+RECIPE = "recipes/tiny-engine"       # k3:engine.recipeDir, in the project
+PUSH_SECRET = "push"
 
 
 # --- small helpers ------------------------------------------------------------------
@@ -131,6 +144,69 @@ def kill_container(node, pod, container: str) -> str:
     cid = status.container_id.split("://", 1)[1]
     node.crictl("task", "kill", "--signal", "SIGKILL", cid)
     return cid
+
+
+class BuildPool:
+    """The node as the build pool while the build pod is scheduled: the GPU product label
+    off (the Job keeps off GPU nodes), the build pool's label on; both back once the pod
+    has a node (scheduling is not re-checked for a running pod) or on exit."""
+
+    def __init__(self, node):
+        self.node, self.stop, self.scheduled = node, threading.Event(), []
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _labels(self, build: bool):
+        from k3infra.placement import BUILD_NODE_KEY, GPU_PRODUCT_LABEL
+
+        core(self.node).patch_node(self.node.name, {"metadata": {"labels": {
+            GPU_PRODUCT_LABEL: None if build else self.node.product_label,
+            BUILD_NODE_KEY: "true" if build else None}}})
+
+    def _watch(self):
+        while not self.stop.wait(1):
+            pods = core(self.node).list_namespaced_pod(BUILD_NS).items
+            placed = [p.metadata.name for p in pods if p.spec.node_name]
+            if placed:
+                self.scheduled = placed
+                break
+        self._labels(build=False)
+
+    def __enter__(self):
+        self._labels(build=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def build_state(node) -> dict:
+    """The build namespace's Jobs and result ConfigMaps: {name: state or data}."""
+    from kubernetes import client
+
+    batch = client.BatchV1Api(node.cluster.api_client())
+    jobs = {j.metadata.name: next((c.type for c in j.status.conditions or []
+                                   if c.status == "True"), "running")
+            for j in batch.list_namespaced_job(BUILD_NS).items}
+    results = {c.metadata.name: dict(c.data or {}) for c in core(node).list_namespaced_config_map(
+        BUILD_NS, label_selector="app.kubernetes.io/component=engine-build").items
+        if "-engine-result-" in c.metadata.name}
+    return {"jobs": jobs, "results": results}
+
+
+def build_logs(node, ns=BUILD_NS) -> str:
+    out = []
+    for pod in core(node).list_namespaced_pod(ns).items:
+        for c in ("auth", "build", "report"):
+            try:
+                log = core(node).read_namespaced_pod_log(pod.metadata.name, ns, container=c)
+            except Exception as exc:  # noqa: BLE001 - shown, not hidden
+                log = f"(no log: {exc})"
+            lines = [x for x in log.splitlines() if x.startswith("k3-engine")
+                     or "error" in x.lower()] if c == "build" else log.splitlines()
+            out.append(f"{pod.metadata.name} [{c}]:\n    " + "\n    ".join(lines[-12:]))
+    return "\n".join(out)
 
 
 # --- the model, the Hub, the receipt -------------------------------------------------
@@ -250,6 +326,19 @@ NODE_SIZED = (
 )
 
 
+def ENGINE_BUILD(node, commit: str) -> tuple:  # noqa: N802 - a table, like NODE_SIZED
+    """The in-cluster build's keys: the recipe, the node's registry, the project's images."""
+    keys = {"build": "in-cluster", "recipeDir": RECIPE, "commit": commit,
+            "registry": f"{node.registry}/k3e2e/vllm", "registrySecret": PUSH_SECRET,
+            "baseImages.cudaDevel": node.images["engine-cpu"],
+            "baseImages.uv": node.images["base"], "baseImages.rust": node.images["base"],
+            "buildkitImage": node.images["buildkit"], "reporterImage": node.images["engine-cpu"],
+            "apiServerCidrs[0]": f"{node.ip}/32", "plainHttpRegistries[0]": node.registry,
+            "buildCpu": "1", "buildMemoryGi": "16", "buildDiskGi": "50",
+            "buildTimeoutMinutes": "30"}
+    return tuple(("--path", f"k3:engine.{k}", v) for k, v in keys.items())
+
+
 @pytest.fixture(scope="module")
 def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
     base = tmp_path_factory.mktemp("node-stack")
@@ -267,13 +356,23 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
     node.add_volume("cache-0", 1)
     node.add_volume("bench-results", 1)
     pulumi.shell("cp stacks/examples/Pulumi.existing.yaml stacks/", show=0)
+    shutil.copytree(ROOT / "tests/e2e/recipes/tiny-engine", project / RECIPE)
+    # The build namespace and the push Secret first (docs/engine.md: `pulumi up` then
+    # adopts the namespace: server-side apply creates by patching).
+    api = core(node)
+    api.create_namespace({"metadata": {"name": BUILD_NS}})
+    api.create_namespaced_secret(BUILD_NS, {
+        "metadata": {"name": PUSH_SECRET}, "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(json.dumps({"auths": {node.registry: {
+            "auth": base64.b64encode(b"k3e2e:push").decode()}}}).encode()).decode()}})
+    commit = yaml.safe_load(receipt.read_text())["engine"]["commit"]
     pulumi.run("stack", "init", "existing")
     for args in (("k3:weightsRevision", hub.commit),
                  ("k3:gpuProduct", PRODUCT),
                  ("--path", "k3:weights.storageClass", STORAGE_CLASS),
                  ("--path", "k3:weights.hubEndpoint", hub.endpoint),
-                 ("--path", "k3:engine.build", "prebuilt"),
-                 ("k3:engineImage", node.images["engine-cpu"]),
+                 ("k3:profile", "custom"),
+                 *ENGINE_BUILD(node, commit),
                  ("--path", "k3:serving.proxyImage", node.images["proxy"]),
                  ("k3:servedModelName", tiny_moe.SERVED_NAME),
                  ("--secret", "k3:apiKey", API_KEY),
@@ -290,6 +389,37 @@ def service_url(node, name=STS) -> str:
 
 
 # --- the tests, in the order a user meets them --------------------------------------
+
+def test_a_failed_build_fails_up_with_its_last_lines_and_nothing_downstream(stack, node):
+    """A broken `RUN` in the recipe: the Job fails, `pulumi up` fails with the build's
+    last lines (the report container's termination message), no digest is written and
+    nothing that runs the engine image (the prefetch Job, the StatefulSet) is created."""
+    from kubernetes import client
+
+    dockerfile = stack.pulumi.cwd / RECIPE / "Dockerfile"
+    good = dockerfile.read_text()
+    dockerfile.write_text(broken_recipe()["Dockerfile"])
+    try:
+        with BuildPool(node):
+            proc = stack.up(check=False, show=30, timeout=1200)
+    finally:
+        dockerfile.write_text(good)
+    out = proc.stdout + proc.stderr
+    lines = [line for line in out.splitlines() if "broken step" in line or "exit code: 3" in line]
+    print("\nthe failed build in `pulumi up`'s output:\n    " + "\n    ".join(lines[-6:]))
+    print(build_logs(node))
+    assert proc.returncode != 0
+    assert "k3 e2e: a broken step" in out and "exit code: 3" in out
+    state = build_state(node)
+    print(f"build namespace: {state}")
+    assert list(state["jobs"].values()) == ["Failed"]
+    assert [data for data in state["results"].values()] == [{}]   # nothing written
+    apps = client.AppsV1Api(node.cluster.api_client())
+    batch = client.BatchV1Api(node.cluster.api_client())
+    assert apps.list_namespaced_stateful_set(NS).items == []
+    assert batch.list_namespaced_job(NS).items == []
+    stack.failed_build = state
+
 
 def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
     """`pulumi up` with every wait on: it returns once the prefetch Job completed (killed
@@ -333,8 +463,11 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
 
     killer = threading.Thread(target=kill_the_stalled_prefetch, daemon=True)
     killer.start()
-    stack.up()
+    with BuildPool(node) as pool:
+        stack.up()
     killer.join(timeout=5)
+    print(f"\nbuild pod scheduled: {pool.scheduled}")
+    print(build_logs(node))
 
     batch = client.BatchV1Api(node.cluster.api_client())
     job = batch.read_namespaced_job(f"{STS}-weights-prefetch", NS)
@@ -357,6 +490,30 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
     # The marker exists only on a verified tree.
     tree = next(node.volumes.glob("weights/*/*/.k3-verified.json"), None)
     assert tree is not None, list(node.volumes.glob("weights/**"))
+
+
+def test_the_serving_pod_runs_the_digest_the_build_job_pushed(stack, node):
+    """The result ConfigMap's digest is the StatefulSet's image and the running engine's;
+    the failed build's Job and result are gone (a changed recipe is a new build: new
+    names, and the old result is never read again)."""
+    from kubernetes import client
+
+    state = build_state(node)
+    print(f"\nbuild namespace: {state}")
+    [(job, status)] = state["jobs"].items()
+    assert status == "Complete" and job not in getattr(stack, "failed_build", {}).get("jobs", {})
+    [(name, result)] = state["results"].items()
+    assert name not in getattr(stack, "failed_build", {}).get("results", {})
+    sts = client.AppsV1Api(node.cluster.api_client()).read_namespaced_stateful_set(STS, NS)
+    image = next(c.image for c in sts.spec.template.spec.containers if c.name == "vllm")
+    running = next(s for s in read_pod(node).status.container_statuses if s.name == "vllm")
+    print(f"result {name}: {result['image']}\nStatefulSet {STS} vllm image: {image}\n"
+          f"pod {POD} vllm imageID: {running.image_id}")
+    assert image == result["image"] == f"{node.registry}/k3e2e/vllm@{result['digest']}"
+    assert running.image_id.endswith(f"@{result['digest']}")
+    outputs = stack.pulumi.json("stack", "output", "--show-secrets")
+    print(f"stack outputs: image {outputs.get('image')} wheelSha256 {outputs.get('wheelSha256')}")
+    assert outputs.get("image") == image and outputs.get("wheelSha256") == result["wheelSha256"]
 
 
 def test_the_api_only_through_the_proxy_with_the_key(stack, node):

@@ -103,7 +103,8 @@ def build_failure(out: Path) -> str | None:
     kept: list[str] = []
     size = 0
     for line in reversed(lines):
-        line = line[:300]
+        if len(line) > 300:         # BuildKit's error line quotes the whole RUN: keep both ends
+            line = f"{line[:140]} ... {line[-150:]}"
         if size + len(line) + 1 > MESSAGE_BYTES:
             break
         kept.insert(0, line)
