@@ -263,6 +263,18 @@ fi
     return script
 
 
+def configmap_volume(tmp_path: Path) -> Path:
+    """The layout the kubelet gives a ConfigMap volume: each key a link into ..data."""
+    vol = tmp_path / "ctx"
+    data = vol / "..2026_12_02_00_00_00.0"
+    data.mkdir(parents=True)
+    for name in ("Dockerfile", "build.lock"):
+        (data / name).write_text(f"{name}\n")
+        (vol / name).symlink_to(f"..data/{name}")
+    (vol / "..data").symlink_to(data.name)
+    return vol
+
+
 def run_build_sh(tmp_path: Path, context: str = "local", sha: str = "ab" * 32,
                  args: str | None = None, c=None) -> subprocess.CompletedProcess:
     plan, _, objs = objects(c)
@@ -271,7 +283,8 @@ def run_build_sh(tmp_path: Path, context: str = "local", sha: str = "ab" * 32,
     env = {"PATH": os.environ["PATH"], "BUILDCTL": str(fake_buildctl(tmp_path)),
            "K3_CONTEXT": context, "K3_IMAGE": plan.tagged_ref, "K3_CACHE": plan.cache_ref or "",
            "K3_BUILD_ARGS_FILE": str(args_file), "K3_OUT": str(tmp_path / "out"),
-           "K3_CONTEXT_DIR": "/ctx", "FAKE_SHA": sha, "FAKE_COMMIT": "f" * 40}
+           "K3_CONTEXT_DIR": str(configmap_volume(tmp_path)), "FAKE_SHA": sha,
+           "FAKE_COMMIT": "f" * 40}
     return subprocess.run(["sh", str(POD / "build.sh")], env=env, capture_output=True, text=True)
 
 
@@ -280,9 +293,14 @@ def test_build_sh_runs_both_passes_with_the_wheel_hash_as_label_args(tmp_path):
     assert r.returncode == 0, r.stderr
     plan, _, _ = objects()
     pass1, pass2 = (tmp_path / "calls").read_text().splitlines()
+    # BuildKit reads a plain copy of the ConfigMap volume: its keys, no links, no ..data.
+    ctx = tmp_path / "out" / "context"
+    assert sorted(p.name for p in ctx.iterdir()) == ["Dockerfile", "build.lock"]
+    assert not any(p.is_symlink() for p in ctx.iterdir())
+    assert (ctx / "build.lock").read_text() == "build.lock\n"
     for call in (pass1, pass2):
-        assert call.startswith("build --frontend dockerfile.v0 --local context=/ctx "
-                               "--local dockerfile=/ctx")
+        assert call.startswith(f"build --frontend dockerfile.v0 --local context={ctx} "
+                               f"--local dockerfile={ctx}")
         for key, value in plan.build_args.items():
             assert f"--opt build-arg:{key}={value}" in call
         assert f"--import-cache type=registry,ref={plan.cache_ref}" in call

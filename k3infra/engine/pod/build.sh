@@ -24,7 +24,16 @@ BUILDCTL="${BUILDCTL:-buildctl-daemonless.sh}"
 # Common options, collected in "$@" (the one array POSIX sh has).
 set -- --frontend dockerfile.v0
 if [ "$K3_CONTEXT" = "local" ]; then
-    set -- "$@" --local "context=$K3_CONTEXT_DIR" --local "dockerfile=$K3_CONTEXT_DIR"
+    # A ConfigMap volume holds each key as a link into its hidden ..data directory, and
+    # BuildKit sends links as links: every COPY from the context failed "not found" on the
+    # node. The build reads a plain copy.
+    context="$K3_OUT/context"
+    rm -rf "$context"
+    mkdir -p "$context"
+    for f in "$K3_CONTEXT_DIR"/*; do
+        cp -L "$f" "$context/"
+    done
+    set -- "$@" --local "context=$context" --local "dockerfile=$context"
 else
     set -- "$@" --opt "context=$K3_CONTEXT"
 fi
