@@ -1,7 +1,7 @@
 """The in-cluster engine build as the stack renders it, for the e2e tier's recipe
-(tests/e2e/recipes/tiny-engine) and a registry of the test: shared by
-test_engine_build_scripts.py (the Job's scripts beside the test) and
-test_node_engine_build.py (the Job itself on the node)."""
+(tests/e2e/recipes/tiny-engine) and a registry of the test: the objects for
+test_engine_build_scripts.py (the Job's scripts beside the test), the broken recipe for
+it and for test_node_stack.py (the Job itself on the node, through `pulumi up`)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,10 +5,11 @@ tools/engine/buildkit) over a small recipe, pushes to a loopback registry, and t
 `report.py` writes the result into the rendered result ConfigMap on the real API server
 with the rendered ServiceAccount's own token (its Role: get/patch on that one name).
 Pulumi's reading of it (`parse_build_result`, `check_result_object`) then gives the
-digest the registry holds. A broken recipe fails `build.sh` with BuildKit's own lines.
+digest the registry holds. A broken recipe fails a pass with BuildKit's own lines, which
+`build.sh` leaves for the report container.
 
-Beside the test rather than in the Job (test_node_engine_build.py runs the Job itself on
-the node): buildkitd runs as root with Debian's runc, `BUILDCTL` is a two-line wrapper that
+Beside the test rather than in the Job (test_node_stack.py runs the Job itself on the
+node, through `pulumi up`): buildkitd runs as root with Debian's runc, `BUILDCTL` is a two-line wrapper that
 talks to it, and the failure cases run here because they take seconds. The recipe is
 tests/e2e/recipes/tiny-engine (the shape of images/Dockerfile; no CUDA base can be pulled
 here). The registry speaks plain HTTP on the namespace's loopback, set in buildkitd's

@@ -186,8 +186,10 @@ def build_state(node) -> dict:
     from kubernetes import client
 
     batch = client.BatchV1Api(node.cluster.api_client())
+    # Complete or Failed (Kubernetes 1.33 sets SuccessCriteriaMet / FailureTarget first).
     jobs = {j.metadata.name: next((c.type for c in j.status.conditions or []
-                                   if c.status == "True"), "running")
+                                   if c.status == "True" and c.type in ("Complete", "Failed")),
+                                  "running")
             for j in batch.list_namespaced_job(BUILD_NS).items}
     results = {c.metadata.name: dict(c.data or {}) for c in core(node).list_namespaced_config_map(
         BUILD_NS, label_selector="app.kubernetes.io/component=engine-build").items
