@@ -165,13 +165,17 @@ class BuildPool:
     def _watch(self):
         while not self.stop.wait(1):
             pods = core(self.node).list_namespaced_pod(BUILD_NS).items
-            placed = [p.metadata.name for p in pods if p.spec.node_name]
+            # A new build's pod, not the failed one an earlier up left (a run restored
+            # the labels on the old pod, and the new one stayed Pending).
+            placed = [p.metadata.name for p in pods
+                      if p.spec.node_name and p.metadata.name not in self.before]
             if placed:
                 self.scheduled = placed
                 break
         self._labels(build=False)
 
     def __enter__(self):
+        self.before = {p.metadata.name for p in core(self.node).list_namespaced_pod(BUILD_NS).items}
         self._labels(build=True)
         self.thread.start()
         return self
