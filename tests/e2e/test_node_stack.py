@@ -545,9 +545,23 @@ def test_a_second_up_changes_nothing(stack):
               timeout=900)
 
 
+def drift_rows(verify: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in verify.stdout.splitlines() if "DRIFT" in line]
+
+
+def profile_drift(row: str) -> bool:
+    """The one row a custom-built engine must show: the receipt was measured, this is not."""
+    return row.split("│")[2].strip() == "profile" and "measured" in row and "custom" in row
+
+
 def test_verify_and_startup_read_the_live_pod(stack):
+    """verify reads the live pod: every check holds but the profile, rightly: the engine
+    is built from a recipe of the test's own (k3:profile custom), not the measured one."""
     stack_args = ["--namespace", NS]
-    k3infra(stack, "verify", *stack_args, "--no-results")
+    verify = k3infra(stack, "verify", *stack_args, "--no-results", check=False)
+    drift = drift_rows(verify)
+    assert verify.returncode == 1 and len(drift) == 1 and profile_drift(drift[0]), \
+        verify.stdout[-3000:]
     out = k3infra(stack, "startup", *stack_args).stdout
     assert "gate" in out and "engine" in out
 
@@ -621,13 +635,15 @@ def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
     compare = k3infra(stack, "bench", "compare", *files, "--receipt", str(measured))
     assert compare.returncode == 0
     # verify reads the run's results beside the live objects; against the receipt of this
-    # run it reports exactly one drift, rightly: the StatefulSet records the receipt it
-    # was deployed with (its annotation), and that is the template's, not this one.
+    # run it reports exactly two drifts, rightly: the StatefulSet records the receipt it
+    # was deployed with (its annotation), and that is the template's, not this one; and
+    # the profile (custom: the engine is built from the test's own recipe).
     verify = k3infra(stack, "verify", "--namespace", NS, "--receipt", str(measured),
                      "--results", str(run_dir), check=False)
-    drift = [line for line in verify.stdout.splitlines() if "DRIFT" in line]
-    assert verify.returncode == 1 and len(drift) == 1, verify.stdout[-3000:]
+    drift = drift_rows(verify)
+    assert verify.returncode == 1 and len(drift) == 2, verify.stdout[-3000:]
     assert "receipt annotation" in drift[0] and "tiny-moe-cpu-e2e-measured" in drift[0]
+    assert profile_drift(drift[1])
 
 
 def test_a_surface_change_rolls_and_never_answers_a_wrong_name(stack, node):
