@@ -470,9 +470,14 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
     killer = threading.Thread(target=kill_the_stalled_prefetch, daemon=True)
     killer.start()
     with BuildPool(node) as pool:
-        stack.up()
+        proc = stack.up()
     killer.join(timeout=5)
-    print(f"\nbuild pod scheduled: {pool.scheduled}")
+    # What the API server said of the objects (Pod Security's `warn: restricted` on the
+    # build namespace, deprecations): printed, a refusal would have failed the up.
+    said = sorted({line.strip() for line in (proc.stdout + proc.stderr).splitlines()
+                   if "PodSecurity" in line or "Warning:" in line})
+    print("\nAPI server warnings during the up:\n    " + ("\n    ".join(said) or "(none)"))
+    print(f"build pod scheduled: {pool.scheduled}")
     print(build_logs(node))
 
     batch = client.BatchV1Api(node.cluster.api_client())
