@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class _RefusedProgramFutures(logging.Filter):
     """The SDK's mocks leave futures and tasks behind a refused program (the tests that
     assert a refusal read it from the program's error); asyncio logs each at exit: 280
-    tracebacks after the summary buried CI's log. Only those two messages are dropped."""
+    tracebacks after the summary buried CI's log. Only these three messages are dropped."""
 
     NOISE = ("Future exception was never retrieved", "Task exception was never retrieved",
              "Task was destroyed but it is pending")
