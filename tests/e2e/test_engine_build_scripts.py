@@ -9,8 +9,9 @@ digest the registry holds. A broken recipe fails a pass with BuildKit's own line
 `build.sh` leaves for the report container.
 
 Beside the test rather than in the Job (test_node_stack.py runs the Job itself on the
-node, through `pulumi up`): buildkitd runs as root with Debian's runc, `BUILDCTL` is a two-line wrapper that
-talks to it, and the failure cases run here because they take seconds. The recipe is
+node, through `pulumi up`): buildkitd runs as root with Debian's runc, `BUILDCTL` is a
+two-line wrapper that talks to it, and the failure cases run here because they take
+seconds. The recipe is
 tests/e2e/recipes/tiny-engine (the shape of images/Dockerfile; no CUDA base can be pulled
 here). The registry speaks plain HTTP on the namespace's loopback, set in buildkitd's
 own config.

@@ -105,10 +105,11 @@ def build_failure(out: Path) -> str | None:
     for line in reversed(lines):
         if len(line) > 300:         # BuildKit's error line quotes the whole RUN: keep both ends
             line = f"{line[:140]} ... {line[-150:]}"
-        if size + len(line) + 1 > MESSAGE_BYTES:
+        cost = len(line.encode()) + 1      # bytes, as the kubelet counts them
+        if size + cost > MESSAGE_BYTES:
             break
         kept.insert(0, line)
-        size += len(line.encode()) + 1
+        size += cost
     return "\n".join(kept)
 
 
