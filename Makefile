@@ -56,7 +56,7 @@ engine:
 
 # The project's test images (tools/images/build.sh): Debian packages packed with umoci,
 # cached outside the work tree; built before the tests, which run without network.
-E2E_IMAGES := pause proxy engine-cpu buildkit
+E2E_IMAGES := pause proxy engine-cpu buildkit accuracy
 # One pytest session per node module: each module starts its own node (its receipt's GPU
 # product label, its images) on its own control plane; two in one session would share
 # the node's name, ports and StorageClass (a run of both failed with 409 AlreadyExists).

@@ -117,7 +117,7 @@ def test_an_unknown_image_is_refused_in_one_line():
     done = build("nginx")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == ("images: usage: tools/images/build.sh NAME (NAME is base, pause, "
-                           "proxy, engine-cpu or buildkit; got 'nginx')\n")
+                           "proxy, engine-cpu, buildkit or accuracy; got 'nginx')\n")
 
 
 def test_each_push_returns_the_pinned_reference_of_the_layouts_own_manifest(layouts, registry, pushed):

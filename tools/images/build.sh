@@ -2,7 +2,7 @@
 # Build (or reuse) one of the e2e tier's container images from the project's own files,
 # as an OCI image layout; print the layout directory as the last line (progress on stderr).
 #
-#   tools/images/build.sh NAME        # NAME: base, pause, proxy, engine-cpu, buildkit
+#   tools/images/build.sh NAME        # NAME: base, pause, proxy, engine-cpu, buildkit, accuracy
 #   tools/images/build.sh --cached NAME   # print the layout if built, else fail; build nothing
 #   K3INFRA_IMAGE_CACHE=DIR ...       # cache root (default ~/.cache/k3infra/images)
 #
@@ -16,6 +16,9 @@
 #   proxy       base + Debian's nginx-light (the authenticating proxy, the weights source)
 #   engine-cpu  base + python3 + /opt/vllm, a venv of engine-cpu/requirements.lock (the
 #               community CPU build of vLLM, a test dependency only: docs/e2e.md)
+#   accuracy    base + python3 + /opt/lm-eval, a venv of accuracy/requirements.lock
+#               (lm-eval, requirements-accuracy.txt), and generated stand-ins of the
+#               shipped tasks' two datasets in its HF cache (accuracy/stand_in_datasets.py)
 #   buildkit    base + Debian's runc and uidmap + buildkitd, buildctl and rootlesskit
 #               from tools/engine/buildkit (its part key joins this image's key): the
 #               rootless BuildKit image the engine build Job runs (buildkit/setup.sh)
@@ -39,8 +42,8 @@ cached=0
 if [[ "${1:-}" == --cached ]]; then cached=1; shift; fi
 name="${1:-}"
 case "$name" in
-  base | pause | proxy | engine-cpu | buildkit) ;;
-  *) die "usage: tools/images/build.sh NAME (NAME is base, pause, proxy, engine-cpu or buildkit; got '${name}')" ;;
+  base | pause | proxy | engine-cpu | buildkit | accuracy) ;;
+  *) die "usage: tools/images/build.sh NAME (NAME is base, pause, proxy, engine-cpu, buildkit or accuracy; got '${name}')" ;;
 esac
 [[ "$(id -u)" == 0 ]] || die "$name: needs root (debootstrap, chroot and mount namespaces)"
 for tool in debootstrap umoci unshare chroot python3; do
@@ -238,17 +241,19 @@ build_proxy() { build_on_base "$1" "$here/proxy"; }
 # wheelhouse kept in the cache by the lock's hash, so a rebuild downloads nothing
 # (pip's HTTP cache does not hold them here: the index's files come without
 # Cache-Control). setup.sh installs from it with --no-index --require-hashes.
-build_engine_cpu() {
+build_with_wheels() {  # OUT NAME: an image on base whose setup.sh installs NAME/requirements.lock
   local wheels
-  wheels="$root/wheels-$(key wheels engine-cpu/requirements.lock)"
+  wheels="$root/wheels-$(key wheels "$2/requirements.lock")"
   lock "$wheels"
   mkdir -p "$wheels"
   # The machine's trust for that download (its index may sit behind its own CA), never
   # the image's: bound for the build only.
   BINDS+=("$wheels:/mnt/wheels:rw" "/etc/ssl/certs:/mnt/host-certs")
-  build_on_base "$1" "$here/engine-cpu"
+  build_on_base "$1" "$here/$2"
   touch "$wheels/.complete"
 }
+build_engine_cpu() { build_with_wheels "$1" engine-cpu; }
+build_accuracy() { build_with_wheels "$1" accuracy; }
 
 # The engine part's binaries (built or reused by tools/engine/build.sh), bound read-only.
 build_buildkit() {
@@ -287,7 +292,7 @@ case "$name" in
     pause_version="$(cd "$here/../engine/cluster" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
     build pause "$(key "pause.c $(sha256sum < "$pause_c") $pause_version $(gcc -dumpfullversion)" \
       build.sh pause)" build_pause ;;
-  proxy | engine-cpu | buildkit)
+  proxy | engine-cpu | buildkit | accuracy)
     base_layout="$root/base-$base_key"
     extra=""
     if [[ "$name" == buildkit ]]; then
