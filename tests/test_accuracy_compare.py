@@ -92,3 +92,38 @@ def test_other_configuration_and_failed_runs(tmp_path, capsys):
     failed = _run_dir(tmp_path, "failed", {"k3_smoke_gsm8k": (0.9, 100)}, status="failed")
     assert main(["accuracy", "compare", str(failed), "--receipt", str(receipt)]) == 2
     assert "run status 'failed'" in capsys.readouterr().err
+
+
+def test_datasets_cache_copy_is_writable_and_leaves_the_locks(tmp_path, monkeypatch):
+    """The image's cache is on a read-only root and `datasets` takes a lock file in the
+    cache's root for each dataset it loads (EROFS on the node, issue 27): the Job runs
+    lm-eval on a copy. Old lock files are not copied; the cache is found like datasets
+    finds it (HF_DATASETS_CACHE, else $HF_HOME/datasets)."""
+    home = tmp_path / "hf"
+    cached = home / "datasets" / "openai___gsm8k" / "main" / "0.0.0" / "abc"
+    cached.mkdir(parents=True)
+    (cached / "gsm8k-test.arrow").write_bytes(b"arrow")
+    (home / "datasets" / "_old.lock").write_text("")
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    assert runner.datasets_cache() == home / "datasets"
+    dest = tmp_path / "copy"
+    assert runner.copy_datasets_cache(dest) == str(dest)
+    assert (dest / "openai___gsm8k/main/0.0.0/abc/gsm8k-test.arrow").read_bytes() == b"arrow"
+    assert not (dest / "_old.lock").exists()
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "elsewhere"))
+    assert runner.datasets_cache() == tmp_path / "elsewhere"
+
+
+def test_no_datasets_cache_is_one_line_and_no_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "none"))
+    rc = runner.main(["--endpoint", "http://127.0.0.1:9", "--model", "m", "--results",
+                      str(tmp_path / "res"), "--tasks-dir", str(tmp_path), "--tasks", "t",
+                      "--limit", "1", "--max-tokens", "16", "--datasets-copy",
+                      str(tmp_path / "copy")])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1 and out == [f"[k3-accuracy] no datasets cache at {tmp_path / 'none'}: the "
+                               "image must hold the tasks' datasets where its HF_DATASETS_CACHE names "
+                               "(docs/accuracy.md)"]
+    assert not (tmp_path / "res").exists()

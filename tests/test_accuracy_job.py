@@ -49,6 +49,10 @@ def test_job_runs_after_serving_with_the_shipped_tasks():
     assert _arg(cmd, "--seed") == "0" and _arg(cmd, "--tasks-dir") == "/etc/k3/accuracy/tasks"
     assert _arg(cmd, "--endpoint") == r.outputs["endpoint"]
     assert _arg(cmd, "--model") == r.outputs["servedModelName"]
+    # The image's datasets cache is read-only: lm-eval works on a copy in the scratch volume.
+    assert _arg(cmd, "--datasets-copy") == "/tmp/hf-datasets"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert "/tmp" in mounts and not mounts["/tmp"].get("readOnly")
     env = {e["name"]: e for e in c["env"]}
     assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "kimi-k3-api-key"
     assert env["HF_DATASETS_OFFLINE"]["value"] == "1" and env["HF_HUB_OFFLINE"]["value"] == "1"

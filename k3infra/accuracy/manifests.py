@@ -22,6 +22,9 @@ RUNTIME_DIR = "/etc/k3/accuracy"
 TASKS_DIR = f"{RUNTIME_DIR}/tasks"
 RUNNER = "runner.py"
 RESULTS_COMPONENT = "accuracy-results"
+# The image's datasets cache is on a read-only root: lm-eval runs on a copy in the Job's
+# scratch volume (runner.copy_datasets_cache says why).
+DATASETS_COPY = "/tmp/hf-datasets"
 JOB_SELECTOR = f"app.kubernetes.io/component={COMPONENT}"
 
 
@@ -52,7 +55,8 @@ def runner_args(cfg: StackConfig, base_url: str) -> list[str]:
     return ["--endpoint", base_url, "--model", cfg.served_model_name, "--results", RESULTS_DIR,
             "--tasks-dir", TASKS_DIR, "--tasks", ",".join(a.tasks), "--limit", str(a.limit),
             "--max-tokens", str(a.max_tokens), "--seed", str(a.seed),
-            "--concurrency", str(a.concurrency), "--timeout", str(a.timeout_minutes * 60)]
+            "--concurrency", str(a.concurrency), "--timeout", str(a.timeout_minutes * 60),
+            "--datasets-copy", DATASETS_COPY]
 
 
 def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNames, namespace: str,

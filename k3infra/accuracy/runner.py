@@ -130,6 +130,10 @@ def collect_scores(lm_dir: Path, tasks: Sequence[str]) -> tuple[dict, list[str]]
 def run(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     run_id = args.run_id or f"{started:%Y%m%dT%H%M%SZ}-{os.environ.get('HOSTNAME', 'local')}"
+    env = dict(os.environ, HF_DATASETS_OFFLINE=os.environ.get("HF_DATASETS_OFFLINE", "1"),
+               HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
+    if args.datasets_copy:
+        env["HF_DATASETS_CACHE"] = copy_datasets_cache(Path(args.datasets_copy))
     run_dir = Path(args.results) / run_id
     run_dir.mkdir(parents=True, exist_ok=False)
     lm_eval = shlex.split(args.lm_eval) if args.lm_eval else [sys.executable, "-m", "lm_eval"]
@@ -151,8 +155,6 @@ def run(args: argparse.Namespace) -> int:
               "engine_image": os.environ.get("K3_ENGINE_IMAGE", ""),
               "started": started.isoformat(timespec="seconds")}
     _atomic_write(run_dir / CONFIG, json.dumps(config, indent=2) + "\n")
-    env = dict(os.environ, HF_DATASETS_OFFLINE=os.environ.get("HF_DATASETS_OFFLINE", "1"),
-               HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     log(f"run {run_id}: {', '.join(args.tasks)} x {args.limit} against {args.endpoint}")
     with open(run_dir / LM_EVAL_LOG, "w", encoding="utf-8") as out:
         try:
@@ -187,6 +189,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def datasets_cache() -> Path:
+    """Where `datasets` reads its cache: HF_DATASETS_CACHE, else $HF_HOME/datasets, else
+    ~/.cache/huggingface/datasets (datasets/config.py)."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "datasets"
+
+
+def copy_datasets_cache(dest: Path) -> str:
+    """A writable copy of the image's datasets cache: `datasets` takes a lock file in the
+    cache's root for every dataset it loads, even offline and from the cache, so a cache
+    on a read-only root file system fails every load (EROFS)."""
+    src = datasets_cache()
+    if not src.is_dir():
+        raise AccuracyRunError(f"no datasets cache at {src}: the image must hold the tasks' "
+                               "datasets where its HF_DATASETS_CACHE names (docs/accuracy.md)")
+    shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.lock"))
+    log(f"datasets cache {src} copied to {dest} (writable: datasets locks what it loads)")
+    return str(dest)
+
+
 def _harness_version(lm_eval: Sequence[str]) -> str:
     """lm-eval's version as installed beside the command that runs it."""
     probe = [*lm_eval[:-2], "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"] \
@@ -218,6 +244,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=int, default=3600, help="the whole lm-eval run, seconds")
     ap.add_argument("--lm-eval", default="", help="the lm-eval command (default: python -m lm_eval)")
     ap.add_argument("--run-id", default="")
+    ap.add_argument("--datasets-copy", default="", metavar="DIR",
+                    help="run lm-eval on a writable copy of the datasets cache, made in DIR")
     return ap.parse_args(argv)
 
 
@@ -226,7 +254,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.environ.get("OPENAI_API_KEY"):
         log("OPENAI_API_KEY is not set: the endpoint's API key (the serving Secret)")
         return 2
-    return run(args)
+    try:
+        return run(args)
+    except AccuracyRunError as exc:
+        log(str(exc))
+        return 1
 
 
 if __name__ == "__main__":
