@@ -4,7 +4,8 @@ engine (vLLM 0.32.0 on CPU, the `engine-cpu` image), then the authenticating pro
 turns Ready through its real probes; `pulumi up --policy-pack policy/` returns only then.
 Then the benchmark Job (the real `vllm bench serve` through the Service with the key),
 `k3infra bench fetch / receipt / compare`, `k3infra verify` and `k3infra startup`
-against the live pod, and the faults a user meets.
+against the live pod, the faults a user meets, and the accuracy Job (the real lm-eval)
+with `k3infra accuracy fetch / compare`.
 
 The model is a generated tiny MoE (tests/e2e/tiny_moe.py), generated on the node by a pod
 of the engine image (which also puts that image on the node), served by the loopback Hub
@@ -28,6 +29,10 @@ can set; no product code knows it runs in a test):
 - the one node plays both pools in turn: while the build pod is scheduled it wears the
   build pool's label instead of the GPU product label (`BuildPool`), as a CPU build
   node and a GPU node would; the pool's taint is not set (its toleration is rendered);
+- the accuracy image is the project's (`accuracy`: lm-eval from requirements-accuracy.txt
+  and, in its HF cache, generated stand-ins of the shipped tasks' two datasets under
+  their Hub names: the Hub is not reachable); `k3:accuracy.limit: 4` and `maxTokens: 16`
+  (a random-weight model on 2 cores: the plumbing, not the scores, is under test);
 - `k3:benchmark.runs: 1`: two runs of the grid on 2 shared cores disagree beyond the
   +-10 % tolerance, which says nothing about the plumbing under test.
 """
@@ -64,7 +69,7 @@ STS = "kimi-k3"
 POD = f"{STS}-0"
 API_KEY = "e2e-node-key-0123456789abcdef"   # test-only
 
-node = node_fixture(PRODUCT, images=("engine-cpu", "proxy", "buildkit", "base"))
+node = node_fixture(PRODUCT, images=("engine-cpu", "proxy", "buildkit", "base", "accuracy"))
 BUILD_NS = f"{NS}-build"             # k3:engine.buildNamespace's default
 RECIPE = "recipes/tiny-engine"       # k3:engine.recipeDir, in the project
 PUSH_SECRET = "push"
@@ -325,10 +330,12 @@ NODE_SIZED = (
     *_resources("weights.prefetchResources", 0.5, 2, 1, 2),
     *_resources("weights.gateResources", 0.25, 2, 0.5, 1),
     *_resources("benchmark.resources", 0.5, 2, 2, 4),
+    *_resources("accuracy.resources", 0.5, 2, 1, 2),
     ("--path", "k3:weights.hashWorkers", "2"),
     ("--path", "k3:weights.sizeGi", "1"),
     ("--path", "k3:weights.auditSchedule", "disabled"),
     ("--path", "k3:benchmark.resultsStorageClass", STORAGE_CLASS),
+    ("--path", "k3:accuracy.resultsStorageClass", STORAGE_CLASS),
 )
 
 
@@ -361,6 +368,7 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
     node.add_volume("weights", 1, "ReadWriteMany")
     node.add_volume("cache-0", 1)
     node.add_volume("bench-results", 1)
+    node.add_volume("accuracy-results", 1)
     pulumi.shell("cp stacks/examples/Pulumi.existing.yaml stacks/", show=0)
     shutil.copytree(ROOT / "tests/e2e/recipes/tiny-engine", project / RECIPE)
     # The build namespace and the push Secret first (docs/engine.md: `pulumi up` then
@@ -679,6 +687,34 @@ def test_a_surface_change_rolls_and_never_answers_a_wrong_name(stack, node):
           f"{sorted({s for s, _ in seen})}; names answered {sorted(names)}")
     assert names <= {tiny_moe.SERVED_NAME, "tiny-moe-v2"}
     assert request(f"{url}/v1/models")[1]["data"][0]["id"] == "tiny-moe-v2"
+
+
+def test_accuracy_job_and_a_baseline_of_this_run(stack, node, tmp_path):
+    """k3:accuracy.enabled: `pulumi up` waits for the Job (the real lm-eval 0.4.13 on the
+    shipped tasks, through the Service with the key, the datasets from the image's
+    read-only cache); then fetch, accept this run as a baseline, compare against it."""
+    keys = {"enabled": "true", "image": node.images["accuracy"], "limit": "4",
+            "maxTokens": "16", "concurrency": "2", "timeoutMinutes": "15"}
+    for key, value in keys.items():
+        stack.run("config", "set", "--path", f"k3:accuracy.{key}", value, show=0)
+    stack.up(timeout=1800)
+    print(f"up with the accuracy Job: {stack.last_up_seconds:.1f} s")
+    results = tmp_path / "accuracy"
+    k3infra(stack, "accuracy", "fetch", "--namespace", NS, "--out", str(results))
+    run_dir = next(p for p in results.rglob("scores.json")).parent
+    scores = json.loads((run_dir / "scores.json").read_text())["scores"]
+    print(f"scores (a random-weight model, the datasets generated stand-ins): "
+          f"{ {t: (s['score'], s['samples']) for t, s in scores.items()} }")
+    assert {t: s["samples"] for t, s in scores.items()} == {"k3_smoke_gsm8k": 4, "k3_smoke_arc": 4}
+    log = (run_dir / "lm-eval.log").read_text()
+    assert "k3_smoke_gsm8k" in log and "Traceback" not in log
+    # A baseline of this same run: the comparison is honest (a random model's scores).
+    measured = tmp_path / "receipt-with-accuracy.yaml"
+    accept = k3infra(stack, "accuracy", "compare", str(run_dir), "--receipt", str(stack.receipt),
+                     "--accept", "--out", str(measured))
+    assert accept.returncode == 0 and "PASS" in accept.stdout
+    again = k3infra(stack, "accuracy", "compare", str(run_dir), "--receipt", str(measured))
+    assert again.returncode == 0 and "PASS" in again.stdout
 
 
 def test_destroy_leaves_no_object_of_the_stack(stack, node):
