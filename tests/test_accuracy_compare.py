@@ -127,3 +127,13 @@ def test_no_datasets_cache_is_one_line_and_no_run(tmp_path, monkeypatch, capsys)
                                "image must hold the tasks' datasets where its HF_DATASETS_CACHE names "
                                "(docs/accuracy.md)"]
     assert not (tmp_path / "res").exists()
+
+
+def test_fetch_without_a_cluster_is_one_line(tmp_path, capsys):
+    """`accuracy fetch` imported a module that no longer exists (k3infra.bench.cluster):
+    a traceback on the node (issue 27). It reads back like `bench fetch`."""
+    rc = main(["accuracy", "fetch", "--namespace", "x", "--out", str(tmp_path / "o"),
+               "--kubeconfig", str(tmp_path / "none")])
+    err = capsys.readouterr()
+    assert rc != 0 and "Traceback" not in err.err + err.out
+    assert "cannot load kubeconfig" in err.err + err.out

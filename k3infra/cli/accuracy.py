@@ -169,13 +169,15 @@ def _fetch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from k3infra.accuracy.manifests import JOB_SELECTOR
-    from k3infra.bench.cluster import ClusterError, connect, fetch_results
+    from k3infra.bench.fetch import FetchError, fetch_results
+    from k3infra.live.cluster import ClusterError, KubeCluster, connect
 
     try:
-        run_dir = fetch_results(connect(args.kubeconfig, args.context), args.namespace,
-                                args.out, image=args.image, run_id=args.run or "",
-                                job_selector=JOB_SELECTOR, enabled_by="k3:accuracy.enabled")
-    except ClusterError as exc:
+        cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
+        run_dir = fetch_results(cluster, args.namespace, args.out, image=args.image,
+                                run_id=args.run or "", job_selector=JOB_SELECTOR,
+                                enabled_by="k3:accuracy.enabled")
+    except (ClusterError, FetchError) as exc:
         raise UsageError(str(exc)) from None
     Console().print(f"fetched {run_dir} (each file checked against the run's SHA256SUMS); "
                     f"compare with: k3infra accuracy compare {run_dir}", highlight=False)

@@ -4,8 +4,7 @@ engine (vLLM 0.32.0 on CPU, the `engine-cpu` image), then the authenticating pro
 turns Ready through its real probes; `pulumi up --policy-pack policy/` returns only then.
 Then the benchmark Job (the real `vllm bench serve` through the Service with the key),
 `k3infra bench fetch / receipt / compare`, `k3infra verify` and `k3infra startup`
-against the live pod, the faults a user meets, and the accuracy Job (the real lm-eval)
-with `k3infra accuracy fetch / compare`.
+against the live pod, the faults a user meets, and the accuracy Job (the real lm-eval).
 
 The model is a generated tiny MoE (tests/e2e/tiny_moe.py), generated on the node by a pod
 of the engine image (which also puts that image on the node), served by the loopback Hub
@@ -689,32 +688,23 @@ def test_a_surface_change_rolls_and_never_answers_a_wrong_name(stack, node):
     assert request(f"{url}/v1/models")[1]["data"][0]["id"] == "tiny-moe-v2"
 
 
-def test_accuracy_job_and_a_baseline_of_this_run(stack, node, tmp_path):
+def test_accuracy_job_runs_the_real_lm_eval(stack, node):
     """k3:accuracy.enabled: `pulumi up` waits for the Job (the real lm-eval 0.4.13 on the
     shipped tasks, through the Service with the key, the datasets from the image's
-    read-only cache); then fetch, accept this run as a baseline, compare against it."""
+    read-only cache, copied to the Job's scratch volume); its log names each score."""
     keys = {"enabled": "true", "image": node.images["accuracy"], "limit": "4",
             "maxTokens": "16", "concurrency": "2", "timeoutMinutes": "15"}
     for key, value in keys.items():
         stack.run("config", "set", "--path", f"k3:accuracy.{key}", value, show=0)
     stack.up(timeout=1800)
     print(f"up with the accuracy Job: {stack.last_up_seconds:.1f} s")
-    results = tmp_path / "accuracy"
-    k3infra(stack, "accuracy", "fetch", "--namespace", NS, "--out", str(results))
-    run_dir = next(p for p in results.rglob("scores.json")).parent
-    scores = json.loads((run_dir / "scores.json").read_text())["scores"]
-    print(f"scores (a random-weight model, the datasets generated stand-ins): "
-          f"{ {t: (s['score'], s['samples']) for t, s in scores.items()} }")
-    assert {t: s["samples"] for t, s in scores.items()} == {"k3_smoke_gsm8k": 4, "k3_smoke_arc": 4}
-    log = (run_dir / "lm-eval.log").read_text()
-    assert "k3_smoke_gsm8k" in log and "Traceback" not in log
-    # A baseline of this same run: the comparison is honest (a random model's scores).
-    measured = tmp_path / "receipt-with-accuracy.yaml"
-    accept = k3infra(stack, "accuracy", "compare", str(run_dir), "--receipt", str(stack.receipt),
-                     "--accept", "--out", str(measured))
-    assert accept.returncode == 0 and "PASS" in accept.stdout
-    again = k3infra(stack, "accuracy", "compare", str(run_dir), "--receipt", str(measured))
-    assert again.returncode == 0 and "PASS" in again.stdout
+    pods = core(node).list_namespaced_pod(
+        NS, label_selector="app.kubernetes.io/component=accuracy-smoke").items
+    log = "\n".join(container_log(node, "accuracy", name=p.metadata.name) for p in pods)
+    print("the accuracy Job's log:\n    " + "\n    ".join(log.splitlines()[-8:]))
+    for task in ("k3_smoke_gsm8k", "k3_smoke_arc"):
+        assert f"{task}: exact_match" in log and "over 4 samples" in log, log[-2000:]
+    assert "complete:" in log, log[-2000:]
 
 
 def test_destroy_leaves_no_object_of_the_stack(stack, node):
