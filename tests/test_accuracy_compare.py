@@ -45,6 +45,21 @@ def test_wilson_band_hand_worked():
         wilson_interval(1.2, 10)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 20, 100, 1000])
+def test_wilson_band_holds_its_own_score_at_the_edges(n):
+    # p = 0 gave a lower bound of 5.6e-17 at n = 4: a zero score failed its own baseline.
+    assert wilson_interval(0.0, n)[0] == 0.0 and wilson_interval(1.0, n)[1] == 1.0
+
+
+def test_a_zero_score_passes_against_itself(tmp_path, capsys):
+    # The node's random-weight model scores 0 on both tasks at limit 4 (issue 27).
+    run = _run_dir(tmp_path, "zero", {"k3_smoke_gsm8k": (0.0, 4), "k3_smoke_arc": (0.0, 4)})
+    receipt = tmp_path / "receipt.yaml"
+    assert main(["accuracy", "compare", str(run), "--accept", "--out", str(receipt)]) == 0
+    assert main(["accuracy", "compare", str(run), "--receipt", str(receipt)]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
 def test_accept_then_compare_then_fail(tmp_path, capsys):
     base = _run_dir(tmp_path, "base", {"k3_smoke_gsm8k": (0.93, 100), "k3_smoke_arc": (0.90, 100)})
     assert main(["accuracy", "compare", str(base)]) == 1
