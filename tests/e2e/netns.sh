@@ -18,17 +18,19 @@ if [[ "$(id -u)" != 0 ]]; then
 fi
 NODE_IP=10.200.0.1
 ns="k3e2e-$$"
-# The pods' own namespaces, which the CNI plugin names cni-*: those made during the run go
-# with it (the kubelet does not tear its pods down when it stops).
-before="$(ls /run/netns 2>/dev/null || true)"
+# The pods' own namespaces, which the CNI plugin names cni-*: this run's go with it (the
+# kubelet does not tear its pods down when it stops). This run's are those mounted in its
+# own mount namespace (listed as the command ends), not every cni-* made meanwhile: `make
+# e2e` runs two of these side by side, and one must not remove the other's pods' network.
+owned="$(mktemp)"
 cleanup() {
   ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
   ip netns del "$ns"
-  for n in $(ls /run/netns 2>/dev/null); do
-    case "$n" in cni-*) grep -qx "$n" <<<"$before" || {
-      ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-      ip netns del "$n" 2>/dev/null || rm -f "/run/netns/$n"; } ;; esac
-  done
+  while read -r n; do
+    ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$n" 2>/dev/null || rm -f "/run/netns/$n"
+  done < "$owned"
+  rm -f "$owned"
 }
 ip netns add "$ns"
 trap cleanup EXIT
@@ -46,4 +48,8 @@ export K3INFRA_E2E_NODE_IP="$NODE_IP"
 # the kubelet needs are gone. A private mount namespace of its own instead: the mounts
 # the kubelet and containerd make (volumes, the kubelet's root, container root file
 # systems) vanish with the command, whatever it leaves.
-nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private -- "$@"
+nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private -- sh -c '
+  owned="$1"; shift
+  rc=0; "$@" || rc=$?
+  awk '\''$5 ~ "^/run/netns/cni-" { sub("^/run/netns/", "", $5); print $5 }'\'' /proc/self/mountinfo > "$owned"
+  exit "$rc"' netns "$owned" "$@"
