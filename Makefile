@@ -57,27 +57,18 @@ engine:
 # The project's test images (tools/images/build.sh): Debian packages packed with umoci,
 # cached outside the work tree; built before the tests, which run without network.
 E2E_IMAGES := pause proxy engine-cpu buildkit accuracy
-# One pytest session per node module: each module starts its own node (its receipt's GPU
-# product label, its images) on its own control plane; two in one session would share
-# the node's name, ports and StorageClass (a run of both failed with 409 AlreadyExists).
-NODE_MODULES := $(sort $(shell grep -l 'pytest.mark.node' tests/e2e/test_*.py))
-
 # The real-engine tests (tests/e2e/, marked e2e): the README's paths with real binaries on
-# loopback; then the node tier (marked node: a kubelet on containerd running the rendered
-# pods), inside a network namespace made for it (tests/e2e/netns.sh; needs root). Two runs:
-# the consumer tests fetch npm packages, and nothing inside the namespace reaches out.
+# loopback (the control-plane tier), and the node tier (marked node: a kubelet on
+# containerd running the rendered pods, the host stack's Compose file on Docker), inside
+# network namespaces made for them (tests/e2e/netns.sh; needs root). tests/e2e/tiers.sh
+# runs them in three lanes side by side, each on the engine parts it needs (built or
+# reused into ~/.cache/k3infra/engine), and says why.
 e2e: venv
 	@start=$$(date +%s); \
-	out=$$(tools/engine/build.sh) || exit 1; bin=$$(printf '%s\n' "$$out" | tail -n 1); \
-	echo "e2e: engine bin $$bin (build/reuse $$(( $$(date +%s) - start )) s)"; \
-	t=$$(date +%s); for i in $(E2E_IMAGES); do tools/images/build.sh $$i >/dev/null || exit 1; done; \
-	echo "e2e: images $(E2E_IMAGES) (build/reuse $$(( $$(date +%s) - t )) s)"; \
-	K3INFRA_ENGINE_BIN=$$bin $(BIN)/python -m pytest -m "e2e and not node" -p no:cacheprovider -s -rs tests/e2e; \
-	rc=$$?; echo "e2e: control-plane tier done at $$(( $$(date +%s) - start )) s (exit $$rc)"; \
-	rc2=0; for m in $(NODE_MODULES); do \
-	  K3INFRA_ENGINE_BIN=$$bin tests/e2e/netns.sh $(BIN)/python -m pytest -m "e2e and node" -p no:cacheprovider -s -rs $$m || rc2=1; \
-	done; echo "e2e: node tier exit $$rc2; total $$(( $$(date +%s) - start )) s"; \
-	[ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
+	for i in $(E2E_IMAGES); do tools/images/build.sh $$i >/dev/null || exit 1; done; \
+	echo "e2e: images $(E2E_IMAGES) (build/reuse $$(( $$(date +%s) - start )) s)"; \
+	tests/e2e/tiers.sh $(abspath $(BIN))/python; rc=$$?; \
+	echo "e2e: total $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 clean:
 	rm -rf build

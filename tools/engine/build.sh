@@ -65,7 +65,15 @@ build_part() {
   parts+=("$out")
 }
 
-subs=(); for f in "$here"/*/build.sh; do subs+=("$(basename "$(dirname "$f")")"); done
+# Build order: pulumi and what the node lane of `make e2e` needs next (tests/e2e/tiers.sh
+# starts that lane as soon as they are built, while the others still build), then the
+# other parts by name.
+node_lane=(cluster kubernetes coredns buildkit)
+subs=("${node_lane[@]}")
+for f in "$here"/*/build.sh; do
+  sub="$(basename "$(dirname "$f")")"
+  [[ " ${node_lane[*]} " == *" $sub "* ]] || subs+=("$sub")
+done
 wanted=" ${K3INFRA_ENGINE_PARTS:-pulumi ${subs[*]}} "
 parts=()
 if [[ "$wanted" == *" pulumi "* ]]; then
