@@ -22,7 +22,7 @@ mkdir -p "$1"
 out="$(cd "$1" && pwd)"
 cd "$here"
 
-export CGO_ENABLED=0 GOFLAGS=-mod=readonly
+export CGO_ENABLED=0 GOFLAGS="-mod=readonly -gcflags=all=-dwarf=false"  # no DWARF: stripped anyway (-w)
 # A go.mod that needs a newer toolchain must fail here, not download one.
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 

@@ -11,7 +11,7 @@ fi
 mkdir -p "$1"
 out="$(cd "$1" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")"
-export GOFLAGS="-mod=readonly -buildvcs=false"
+export GOFLAGS="-mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"  # no DWARF: stripped anyway (-w)
 export CGO_ENABLED=0
 start=$(date +%s)
 go build -p 2 -trimpath -ldflags "-s -w" -o "$out/compose-config" .

@@ -22,7 +22,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 version="${PROVIDER_VERSION:-4.34.2}"
 provider_module=github.com/pulumi/pulumi-kubernetes/provider/v4
 
-export GOFLAGS="-mod=readonly -buildvcs=false"
+export GOFLAGS="-mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"  # no DWARF: stripped anyway (-w)
 export CGO_ENABLED=0
 
 now() { date +%s.%N; }

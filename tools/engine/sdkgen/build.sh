@@ -11,7 +11,7 @@ fi
 mkdir -p "$1"
 out="$(cd "$1" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")"
-export GOFLAGS="-mod=readonly -buildvcs=false"
+export GOFLAGS="-mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"  # no DWARF: stripped anyway (-w)
 start=$(date +%s)
 go build -ldflags "-s -w" -o "$out/sdkgen" .
 echo "build.sh: sdkgen on pkg/v3 $(go list -m -f '{{.Version}}' github.com/pulumi/pulumi/pkg/v3)," \

@@ -13,7 +13,7 @@ fi
 mkdir -p "$1"
 out="$(cd "$1" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")"
-export GOFLAGS="-mod=readonly -buildvcs=false"
+export GOFLAGS="-mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"  # no DWARF: stripped anyway (-w)
 module=github.com/pulumi/pulumi-yaml
 v="$(go list -m -f '{{.Version}}' "$module")"
 start=$(date +%s)
