@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -298,7 +297,7 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
              images: tuple[str, ...]) -> Iterator[Node]:
     """Start the registry, containerd, CoreDNS, kube-scheduler, the kubelet and kube-proxy;
     push `images` (plus the pause image); stop everything on exit."""
-    from registry import run_registry
+    from registry import remove_stores, run_registry
 
     started = time.monotonic()
     deadline = started + START_TIMEOUT_S
@@ -343,7 +342,9 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
         finally:
             procs.stop()
             _remove_pod_sandboxes(workdir)
-            _remove_image_stores(workdir)
+            # containerd's content and snapshots (about 10 GB with the engine image); the
+            # registry removes its blobs itself as it stops. The logs stay.
+            remove_stores(workdir / "containerd" / "root")
 
 
 def _remove_pod_sandboxes(workdir: Path) -> None:
@@ -353,19 +354,6 @@ def _remove_pod_sandboxes(workdir: Path) -> None:
     for pidfile in root.rglob("init.pid"):
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pidfile.read_text()), 9)
-
-
-def _remove_image_stores(workdir: Path) -> None:
-    """containerd's content and snapshots and the registry's blobs (about 14 GB with the
-    engine image, in each of the three run folders pytest keeps): gone once the node has
-    stopped; the logs stay. A folder that still holds a mount point is left alone."""
-    with open("/proc/self/mountinfo") as fh:
-        mounts = [line.split()[4] for line in fh]
-    for store in (workdir / "containerd" / "root", workdir / "registry" / "storage"):
-        if any(m == str(store) or m.startswith(f"{store}/") for m in mounts):
-            print(f"node: {store} still holds a mount point; left in place")
-            continue
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def missing(cluster_bin: Path) -> str | None:

@@ -4,9 +4,10 @@ layouts ``tools/images/build.sh`` makes, so pods pull by digest as users' pods d
 
 ``run_registry(workdir)`` writes the registry's config into ``workdir`` (storage there
 too, listening only on ``host:port``), waits for ``/v2/``, and stops it on exit whatever
-happens; the process also dies with the test run (apiserver's ``_Processes``:
-PR_SET_PDEATHSIG). Plain HTTP on a loopback or in-namespace address: nothing leaves the
-machine, so no TLS. Works inside a network namespace (only ``lo`` up is needed).
+happens, then removes its blobs (``remove_stores``); the process also dies with the test
+run (apiserver's ``_Processes``: PR_SET_PDEATHSIG). Plain HTTP on a loopback or
+in-namespace address: nothing leaves the machine, so no TLS. Works inside a network
+namespace (only ``lo`` up is needed).
 """
 
 from __future__ import annotations
@@ -172,3 +173,18 @@ def run_registry(workdir: Path, host: str = "127.0.0.1", port: int = 0) -> Itera
         yield Registry(address=address, workdir=workdir)
     finally:
         procs.stop()
+        remove_stores(workdir / "storage")
+
+
+def remove_stores(*stores: Path) -> None:
+    """Image stores once what used them has stopped: a registry's blobs, containerd's or
+    Docker's content and snapshots (gigabytes each with the engine image; pytest keeps
+    the run folders, and two lanes of `make e2e` hold theirs at once). A folder that still
+    holds a mount point is left in place, and said so."""
+    with open("/proc/self/mountinfo") as fh:
+        mounts = [line.split()[4] for line in fh]
+    for store in stores:
+        if any(m == str(store) or m.startswith(f"{store}/") for m in mounts):
+            print(f"e2e: {store} still holds a mount point; left in place")
+            continue
+        shutil.rmtree(store, ignore_errors=True)

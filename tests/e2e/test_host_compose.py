@@ -40,7 +40,7 @@ import hub_loopback
 import tiny_moe
 from engine import engine_bin  # noqa: F401  (fixture)
 from node import NODE_IP_ENV, image_layout, wait_for
-from registry import missing_tools, run_registry
+from registry import missing_tools, remove_stores, run_registry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.node]
 
@@ -133,7 +133,10 @@ def docker(engine_bin, tmp_path_factory):  # noqa: F811
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=60)
         log.close()
+        # Docker's images and containers (about 10 GB with the engine image); the log stays.
+        remove_stores(work / "root")
 
 
 @pytest.fixture(scope="module")
