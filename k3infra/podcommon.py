@@ -1,5 +1,7 @@
 """Standard-library helpers shared by the pod runtimes and the operator's machine, one
-copy each: file SHA-256, atomic write, the comma-separated integer list of the CLIs.
+copy each: file SHA-256, the one output writer (atomic_write), the one bounded reader
+(open_regular / read_regular) and JSON parser (parse_json), the comma-separated integer
+list of the CLIs.
 
 The weights runtime (ConfigMap package `k3weights`) and the benchmark runtime ship this
 file next to their own modules, so it imports nothing beyond the standard library.
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import math
 import os
 import stat
 
@@ -35,14 +39,49 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the new one, never half:
-    temporary in the same directory, fsync, rename, fsync the directory."""
+def output_target(path) -> os.stat_result | None:
+    """What `path` is as an output: None for a new file in an existing directory, its
+    lstat for an existing regular file; OSError naming `path` for anything else (a device
+    node, a FIFO, a socket, a directory, a symbolic link, a missing or non-directory
+    parent), so a writer never replaces or writes through what is not a file."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
+        parent = os.stat(directory)
+    except FileNotFoundError:
+        raise OSError(errno.ENOENT, f"the directory {directory} does not exist (create it "
+                      "first)", path) from None
+    if not stat.S_ISDIR(parent.st_mode):
+        raise OSError(errno.ENOTDIR, f"{directory} is not a directory", path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link, not a regular file (name the file it "
+                      "points at)", path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in FILE_KINDS if test(st.st_mode)), "not a regular file")
+        raise OSError(errno.EINVAL, f"{kind}, not a regular file (an output is a regular "
+                      "file or a new one)", path)
+    return st
+
+
+def atomic_write(path, data: bytes) -> None:
+    """The one output writer. Writes `data` to `path` so a reader sees the old file or
+    the new one, never half: `path` must be a regular file or a new one in an existing
+    directory (output_target; anything else is refused before a byte is written), the
+    bytes go to a temporary file beside it (fsync), which is renamed over it (the
+    directory fsync'd). An existing file keeps its permission bits."""
+    path = os.fspath(path)
+    before = output_target(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    mode = stat.S_IMODE(before.st_mode) if before is not None else 0o644
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -53,6 +92,11 @@ def atomic_write(path, data: bytes) -> None:
         raise
     os.close(fd)
     try:
+        # Checked again right before the rename: a node swapped in meanwhile is refused.
+        now = output_target(path)
+        if (before is None) != (now is None) or (now is not None and (now.st_ino, now.st_dev)
+                                                 != (before.st_ino, before.st_dev)):
+            raise OSError(errno.EAGAIN, "changed while it was being written; nothing replaced", path)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -79,11 +123,20 @@ FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
               (stat.S_ISDIR, "a directory"))
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
+def open_regular(path: str, follow_links: bool = False) -> tuple[int, os.stat_result]:
     """(fd, fstat) of `path` opened with OPEN_FLAGS; OSError naming `path` unless it is a
     regular file *after* opening (a FIFO, socket, device or link swapped in after a scan
-    is refused here, without blocking)."""
-    fd = os.open(path, OPEN_FLAGS)
+    is refused here, without blocking). `follow_links`: a path the user typed may be a
+    link (the file it reaches must still be regular); a path found inside a tree may not."""
+    flags = OPEN_FLAGS if not follow_links else OPEN_FLAGS & ~getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise OSError(errno.ELOOP, "a symbolic link, not a regular file", path) from None
+        if exc.errno == errno.ENXIO:     # O_NONBLOCK open of a FIFO for writing, a socket
+            raise OSError(exc.errno, "a special file, not a regular file", path) from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -97,10 +150,10 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
         raise
 
 
-def read_regular(path: str, limit: int) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them; OSError naming the
-    path for anything else (see open_regular) or a larger file."""
-    fd, st = open_regular(path)
+def read_regular(path: str, limit: int, follow_links: bool = False) -> bytes:
+    """The one bounded reader: the bytes of the regular file `path`, at most `limit` of
+    them; OSError naming the path for anything else (see open_regular) or a larger file."""
+    fd, st = open_regular(path, follow_links)
     try:
         if st.st_size > limit:
             raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} accepted", path)
@@ -115,3 +168,87 @@ def read_regular(path: str, limit: int) -> bytes:
                 raise OSError(errno.EFBIG, f"more than the {limit} bytes accepted", path)
     finally:
         os.close(fd)
+
+
+# JSON from a file or a server: nesting, number sizes and NaN bounded, so no input makes
+# the parser raise RecursionError, the int-string limit's ValueError or yield inf.
+JSON_MAX_DEPTH = 64
+JSON_MAX_DIGITS = 40        # 10^40: past every count, size and time any format holds
+
+
+class JsonRefused(ValueError):
+    """Text that is not bounded JSON; the message says where and why, in one line."""
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > JSON_MAX_DIGITS:
+        raise JsonRefused(f"an integer of {len(text.lstrip('-'))} digits (at most "
+                          f"{JSON_MAX_DIGITS} are accepted)")
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    if len(text) > 2 * JSON_MAX_DIGITS:
+        raise JsonRefused(f"a number written with {len(text)} characters (at most "
+                          f"{2 * JSON_MAX_DIGITS} are accepted)")
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonRefused(f"the number {text} is out of range (not finite)")
+    return value
+
+
+def _json_constant(name: str):
+    raise JsonRefused(f"{name} is not a JSON number")
+
+
+def _json_object(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise JsonRefused(f"the key {dup[:80]!r} appears twice in one object")
+    return out
+
+
+def json_depth(value, limit: int) -> int:
+    """Nesting depth of parsed JSON, counted without recursion (stops past `limit`)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_json(raw, max_depth: int = JSON_MAX_DEPTH):
+    """The one JSON parser for what a file or a server sent: bytes must be UTF-8, the
+    text one JSON document; objects without duplicate keys, numbers finite and at most
+    JSON_MAX_DIGITS digits, nesting at most `max_depth`. JsonRefused (one line) else."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = bytes(raw)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[:exc.start].count(b"\n") + 1
+            raise JsonRefused(f"not UTF-8 (byte {raw[exc.start]:#04x} at line {line})") from None
+    else:
+        text = raw
+    try:
+        value = json.loads(text, parse_int=_json_int, parse_float=_json_float,
+                           parse_constant=_json_constant, object_pairs_hook=_json_object)
+    except JsonRefused:
+        raise
+    except RecursionError:
+        raise JsonRefused(f"nested deeper than {max_depth} levels") from None
+    except json.JSONDecodeError as exc:
+        what = ("more than one JSON document" if exc.msg == "Extra data"
+                else f"not JSON ({exc.msg})")
+        raise JsonRefused(f"{what} at line {exc.lineno}, column {exc.colno}") from None
+    except ValueError as exc:          # what a hook or int() still raises
+        raise JsonRefused(f"not JSON ({str(exc)[:120]})") from None
+    if json_depth(value, max_depth) > max_depth:
+        raise JsonRefused(f"nested deeper than {max_depth} levels")
+    return value

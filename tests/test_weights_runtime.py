@@ -187,7 +187,7 @@ def test_cli_prefetch_against_the_loopback_hub(tmp_path):
         assert (tmp_path / "hub.json").read_text() == lock_file.read_text()
         unknown = k3infra("weights", "lock", "--hub", "o/m", "--revision", "f" * 40, "--out",
                           str(tmp_path / "x.json"), env=env)
-        assert unknown.returncode == 1 and "RevisionNotFoundError" in unknown.stderr
+        assert unknown.returncode == 1 and "RevisionNotFound" in unknown.stderr
         assert "Traceback" not in unknown.stderr and not (tmp_path / "x.json").exists()
     res = k3infra("weights", "verify", str(dest), "--lock", str(lock_file), "--require-marker")
     assert res.returncode == 0, res.stderr

@@ -64,22 +64,33 @@ def _lock(args: argparse.Namespace) -> int:
     if bool(args.dir) == bool(args.hub):
         raise UsageError("give either a local DIR or --hub REPO (not both)")
     try:
+        tree.output_target(args.out)      # refused before any work, not after
+    except OSError as exc:
+        raise UsageError(f"--out {tree.describe_oserror(exc)}") from None
+    try:
         if args.hub:
             if not args.revision:
                 raise UsageError("--hub needs --revision <40-hex commit> (a branch name moves)")
             from k3infra.weights.prefetch import lock_from_hub
-            from k3infra.weights.sources import lock_from_sources, parse_sources
+            from k3infra.weights.sources import lock_client, lock_from_sources, parse_sources
 
+            tree.check_repo(args.hub)
+            tree.check_revision(args.revision)
+            try:
+                sources = parse_sources(args.sources)
+            except ValueError as exc:
+                raise UsageError(f"--sources: {exc}") from None
+            client = lock_client(args)
             try:
                 lock = lock_from_sources(
-                    parse_sources(args.sources), args.hub, args.revision, emit=out.line,
-                    hub_lock=lambda: lock_from_hub(args.hub, args.revision, emit=out.line))
-            except tree.LockError:
-                raise
-            except Exception as exc:    # the Hub's answer: not found, gated, offline...
+                    sources, args.hub, args.revision, emit=out.line, client=client,
+                    hub_lock=lambda: lock_from_hub(args.hub, args.revision, emit=out.line,
+                                                   client=client))
+            except Exception as exc:    # the Hub's or a source's answer: one line
                 first = (str(exc).strip().splitlines() or [""])[0]
-                print(f"k3infra weights lock: {args.hub}@{args.revision}: {type(exc).__name__}: {first}",
-                      file=sys.stderr)
+                if not first.startswith(f"{args.hub}@"):
+                    first = f"{args.hub}@{args.revision}: {first}"
+                print(f"k3infra weights lock: {first}", file=sys.stderr)
                 return 1
         else:
             from k3infra.weights.verify import lock_from_dir
@@ -96,7 +107,10 @@ def _lock(args: argparse.Namespace) -> int:
             lock = lock_from_dir(args.dir, repo, revision, workers=args.workers, emit=out.line)
     except tree.LockError as exc:
         raise UsageError(str(exc)) from None
-    tree.atomic_write(args.out, tree.lock_to_json(lock).encode("utf-8"))
+    try:
+        tree.atomic_write(args.out, tree.lock_to_json(lock).encode("utf-8"))
+    except OSError as exc:      # the one output writer's refusal (a device, a FIFO...)
+        raise UsageError(f"--out {tree.describe_oserror(exc)}") from None
     out.line(f"lock {args.out}: {lock.repo}@{lock.revision}, {len(lock.files)} files, "
              f"{lock.total_bytes} bytes, {lock.tree_digest}")
     from k3infra.receipt import load_receipt

@@ -105,8 +105,6 @@ def load_stack_yaml(path: Path) -> Any:
     """The parsed YAML of a stack file, or StackFileError: a regular file (not a FIFO or a
     device, read without blocking), at most STACK_FILE_MAX_BYTES, UTF-8, valid YAML
     (tabs in indentation are a YAML error, named with its line), and see _stack_loader."""
-    import yaml
-
     try:
         raw = read_regular(str(path), STACK_FILE_MAX_BYTES)
     except OSError as exc:
@@ -116,6 +114,15 @@ def load_stack_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise StackFileError(path, f"line {line}: byte {raw[exc.start]:#04x} is not UTF-8") from None
+    return strict_yaml(text, path)
+
+
+def strict_yaml(text: str, path: Path) -> Any:
+    """`text` (read from `path`) parsed by the strict loader (_stack_loader): the one
+    YAML reader of files a user hands the CLI (stack files, receipts); StackFileError
+    naming the line otherwise."""
+    import yaml
+
     try:
         return yaml.load(text, Loader=_stack_loader(path))
     except StackFileError:

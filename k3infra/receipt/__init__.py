@@ -17,7 +17,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k3infra.fieldtypes import SHA256_DIGEST, Sha256Hex
@@ -302,15 +301,12 @@ def load_receipt(path: Optional[str] = None) -> Receipt:
 def _load(path: str, named: str) -> Receipt:
     from pydantic import ValidationError
 
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReceiptError(f"receipt {named}: cannot be read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = " ".join(str(exc).split())
-        raise ReceiptError(f"receipt {named}: not YAML: {first}") from None
+    from k3infra.fileformats import FileFormatError, load_yaml
+
+    try:    # the bounded reader and the strict YAML loader (issue 48)
+        data = load_yaml(path, "receipt")
+    except FileFormatError as exc:
+        raise ReceiptError(f"receipt {named}: {exc.problem}") from None
     if not isinstance(data, dict):
         raise ReceiptError(f"receipt {named}: not a mapping (a k3infra.receipt/v1 document)") from None
     try:

@@ -7,10 +7,11 @@ file must stay import-light: no pulumi, pydantic or rich here.
 """
 
 # The files the ConfigMap ships (k3infra/weights/manifests.py reads this tuple).
-RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "sources.py", "prefetch.py",
-                 "__main__.py")
-# Shipped into the same package from k3infra/ itself (one copy of the shared helpers).
-SHARED_FILES = ("podcommon.py",)
+RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "sources.py", "hubapi.py",
+                 "prefetch.py", "__main__.py")
+# Shipped into the same package from k3infra/ itself (one copy of the shared helpers: the
+# bounded reader and writer, and the one HTTP client).
+SHARED_FILES = ("podcommon.py", "httpclient.py")
 
 
 def runtime_paths() -> dict:

@@ -15,10 +15,29 @@ from . import tree
 PROG = f"python3 -m {__package__ or 'k3weights'}"
 
 
+# Bounded like the stack keys they mirror: a thread or attempt count is at most 1024.
+MAX_COUNT = 1024
+
+
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be an integer from 1 to "
+                                         f"{MAX_COUNT}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be an integer from 1 to {MAX_COUNT}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be a number of seconds, more than "
+                                         "0 and at most 86400")
     return value
 
 
@@ -36,6 +55,9 @@ def add_commands(sub) -> dict[str, argparse.ArgumentParser]:
                       "huggingface_hub's local-dir metadata when present)")
     lock.add_argument("--out", required=True, help="lock file to write (atomically)")
     lock.add_argument("--workers", type=_positive, help="hashing threads (default: usable CPUs)")
+    lock.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                      help="with --hub: every request of the command ends by then (default "
+                      "900; each request within 60)")
     lock.set_defaults(func=_lock)
 
     ver = sub.add_parser("verify", help="verify a tree against its lock (exit 0 only on an exact match)")
@@ -109,15 +131,21 @@ def _fail(command: str, problems, summary: str = "") -> int:
 def _lock(args: argparse.Namespace) -> int:
     if bool(args.dir) == bool(args.hub):
         raise tree.LockError("give either a local DIR or --hub REPO (not both)")
+    try:
+        tree.output_target(args.out)      # refused before any work, not after
+    except OSError as exc:
+        raise tree.LockError(f"--out {tree.describe_oserror(exc)}") from None
     if args.hub:
         from .prefetch import lock_from_hub
 
-        from .sources import lock_from_sources, parse_sources
+        from .sources import lock_client, lock_from_sources, parse_sources
 
         if not args.revision:
             raise tree.LockError("--hub needs --revision <40-hex commit>")
+        client = lock_client(args)
         lock = lock_from_sources(parse_sources(args.sources), args.hub, args.revision, emit=_out,
-                                 hub_lock=lambda: lock_from_hub(args.hub, args.revision, emit=_out))
+                                 client=client, hub_lock=lambda: lock_from_hub(
+                                     args.hub, args.revision, emit=_out, client=client))
     else:
         from .verify import lock_from_dir
 
@@ -128,7 +156,10 @@ def _lock(args: argparse.Namespace) -> int:
         if not args.repo:
             raise tree.LockError("a local tree needs --repo <owner>/<name>")
         lock = lock_from_dir(args.dir, args.repo, revision, workers=args.workers, emit=_out)
-    tree.atomic_write(args.out, tree.lock_to_json(lock).encode("utf-8"))
+    try:
+        tree.atomic_write(args.out, tree.lock_to_json(lock).encode("utf-8"))
+    except OSError as exc:      # the one output writer's refusal (a device, a FIFO...)
+        raise tree.LockError(f"--out {tree.describe_oserror(exc)}") from None
     _out(f"lock: {lock.repo}@{lock.revision}: {len(lock.files)} files, {lock.total_bytes} bytes, "
          f"{lock.tree_digest} -> {args.out}")
     return 0

@@ -61,7 +61,6 @@ import os
 import random
 import shutil
 import stat
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -769,51 +768,46 @@ def _brief(exc: BaseException) -> str:
 
 def lock_from_hub(repo: str, revision: str, *, endpoint: Optional[str] = None,
                   token: Optional[str] = None, workers: int = DOWNLOAD_WORKERS,
-                  emit: Optional[Emit] = None) -> Lock:
+                  emit: Optional[Emit] = None, client=None) -> Lock:
     """The lock of REPO at REVISION from Hub metadata: LFS files carry their sha256 and
-    size in the tree listing (no shard is downloaded); small non-LFS files are fetched,
-    hashed, and checked against their git blob id."""
+    size in the tree listing (no shard is downloaded); small non-LFS files are fetched
+    (never past their listed size), hashed, and checked against their git blob id.
+    Every call goes through the one HTTP client (`client`, with the command's deadline;
+    hubapi.py says why not HfApi)."""
     tree.check_repo(repo)
     tree.check_revision(revision)
     hub_environment()
     from concurrent.futures import ThreadPoolExecutor
 
-    from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.hf_api import RepoFile
+    from .hubapi import Hub, HubError
+    from .sources import http_client
 
-    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
-    api = HfApi(endpoint=endpoint, token=token)
-    info = api.model_info(repo, revision=revision)
-    if info.sha != revision:
-        raise tree.LockError(f"the Hub resolved {repo}@{revision} to commit {info.sha!r}")
-    entries: list[FileEntry] = []
-    small: list = []
-    for item in api.list_repo_tree(repo, revision=revision, recursive=True):
-        if not isinstance(item, RepoFile):
-            continue
-        tree.check_path(item.path)
-        if item.lfs is not None:
-            entries.append(FileEntry(path=item.path, size=int(item.lfs.size),
-                                     sha256=tree.check_sha256(item.lfs.sha256, item.path)))
-        else:
-            small.append(item)
+    hub = Hub(client or http_client(), endpoint, token)
+    try:
+        sha = hub.commit(repo, revision)
+        listed = hub.files(repo, revision)
+    except HubError as exc:
+        raise tree.LockError(str(exc)) from None
+    if sha != revision:
+        raise tree.LockError(f"the Hub resolved {repo}@{revision} to commit {sha!r}")
+    entries = [FileEntry(path=f.path, size=f.lfs_size, sha256=f.lfs_sha256)
+               for f in listed if f.lfs_sha256 is not None]
+    small = [f for f in listed if f.lfs_sha256 is None]
     if emit:
         emit(f"lock: {repo}@{revision}: {len(entries)} LFS files from metadata, "
              f"{len(small)} small files to fetch and hash")
 
-    with tempfile.TemporaryDirectory(prefix="k3-lock-") as tmp:
-        def fetch_small(item) -> FileEntry:
-            local = hf_hub_download(repo, item.path, revision=revision, local_dir=tmp,
-                                    token=token, endpoint=endpoint)
-            with open(local, "rb") as fh:
-                data = fh.read()
-            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-            if len(data) != item.size or blob != item.blob_id:
-                raise tree.LockError(f"{item.path}: fetched {len(data)} bytes with git blob id {blob}, "
-                                     f"the Hub lists {item.size} bytes, blob {item.blob_id}")
-            return FileEntry(path=item.path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    def fetch_small(item) -> FileEntry:
+        try:
+            data = hub.small_file(repo, revision, item)
+        except HubError as exc:
+            raise tree.LockError(str(exc)) from None
+        blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        if blob != item.blob_id:
+            raise tree.LockError(f"{item.path}: fetched {len(data)} bytes with git blob id {blob}, "
+                                 f"the Hub lists blob {item.blob_id}")
+        return FileEntry(path=item.path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            entries += list(pool.map(fetch_small, small))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, 64))) as pool:
+        entries += list(pool.map(fetch_small, small))
     return tree.make_lock(repo, revision, entries)
-

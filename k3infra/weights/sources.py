@@ -24,15 +24,18 @@ Nothing a source sends is trusted: every file is hashed against the lock as it l
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from . import tree
 from .tree import FileEntry, Lock
+
+try:                       # in a pod: shipped beside this package's modules
+    from .httpclient import Deadline, HttpClient, HttpError
+except ImportError:        # on the operator's machine: the one copy, k3infra/httpclient.py
+    from ..httpclient import Deadline, HttpClient, HttpError
 
 HUB = "hub"
 # A source that failed this many downloads in a row (no success between) is skipped for
@@ -41,6 +44,10 @@ DOWN_AFTER_FAILURES = 3
 # Where a source serves the lock it holds (beside the tree on its volume).
 LOCK_ROUTE = "/k3/lock/{revision}.json"
 LOCK_BYTES_MAX = 64 << 20
+# `lock --hub`: every call of the command ends by this deadline (--timeout), each call
+# within CALL_SECONDS (a slow source or Hub ends there, httpclient.py).
+LOCK_DEADLINE_SECONDS = 900.0
+CALL_SECONDS = 60.0
 
 Emit = Callable[[str], None]
 
@@ -48,16 +55,33 @@ Emit = Callable[[str], None]
 def parse_sources(text: Optional[str]) -> list[str]:
     """`hub,http://a:8080` -> ["hub", "http://a:8080"]; an empty or missing list is the
     Hub alone. ValueError names the value and what is accepted."""
+    from urllib.parse import urlsplit
+
     items = [s.strip().rstrip("/") for s in (text or "").split(",") if s.strip()]
     if not items:
         return [HUB]
     for s in items:
         if s != HUB and not s.startswith(("http://", "https://")):
-            raise ValueError(f"source {s!r}: accepted 'hub' or an http(s):// base URL of an "
+            raise ValueError(f"source {s[:200]!r}: accepted 'hub' or an http(s):// base URL of an "
                              "in-cluster source")
+        if s != HUB and "@" in urlsplit(s).netloc:
+            raise ValueError(f"source {urlsplit(s).scheme}://...@{urlsplit(s).hostname}: a source "
+                             "URL carries no credentials (in-cluster sources take none)")
     if len(set(items)) != len(items):
         raise ValueError(f"sources {text!r}: each source once")
     return items
+
+
+def http_client(deadline_seconds: float = LOCK_DEADLINE_SECONDS,
+                call_seconds: float = CALL_SECONDS) -> HttpClient:
+    """The one HTTP client (httpclient.py) with one command's deadline."""
+    return HttpClient(deadline=Deadline(deadline_seconds, "the lock command"),
+                      call_seconds=min(call_seconds, deadline_seconds), user_agent="k3infra-weights")
+
+
+def lock_client(args) -> HttpClient:
+    """`lock --hub [--timeout SECONDS]`'s client (both command lines)."""
+    return http_client(args.timeout or LOCK_DEADLINE_SECONDS)
 
 
 def label(source: str) -> str:
@@ -193,16 +217,19 @@ class SourceChain:
         self._say(f"prefetch: {entry.path}: {problem} (bytes from {who}, refused by the lock); {then}")
 
 
-def fetch_lock(source: str, lock_revision: str, repo: str) -> Lock:
-    """The lock an in-cluster source serves beside its tree. Not trusted either: parsed
-    (its digest recomputed from its file list), held to the pinned repo and revision here
+def fetch_lock(source: str, lock_revision: str, repo: str,
+               client: Optional[HttpClient] = None) -> Lock:
+    """The lock an in-cluster source serves beside its tree. Not trusted either: read
+    through the one HTTP client (bounded, with the command's deadline), parsed (its
+    digest recomputed from its file list), held to the pinned repo and revision here
     and to the pinned digest by check-lock.sh before a single shard is fetched."""
-    url = source + LOCK_ROUTE.format(revision=lock_revision)
-    with urllib.request.urlopen(url, timeout=30) as resp:      # noqa: S310 (http(s) only)
-        raw = resp.read(LOCK_BYTES_MAX + 1)
-    if len(raw) > LOCK_BYTES_MAX:
-        raise tree.LockError(f"{url}: lock larger than {LOCK_BYTES_MAX} bytes")
-    lock = tree.parse_lock(json.loads(raw.decode("utf-8")))
+    client = client or http_client()
+    url = client.allow_http(source) + LOCK_ROUTE.format(revision=lock_revision)
+    try:
+        raw = client.request("GET", url, body_max=LOCK_BYTES_MAX, kind="lock").body
+    except HttpError as exc:
+        raise tree.LockError(str(exc)) from None
+    lock = tree.parse_lock_bytes(raw, url)
     if lock.repo != repo or lock.revision != lock_revision:
         raise tree.LockError(f"{url}: the source's lock pins {lock.repo}@{lock.revision}, "
                              f"wanted {repo}@{lock_revision}")
@@ -210,12 +237,14 @@ def fetch_lock(source: str, lock_revision: str, repo: str) -> Lock:
 
 
 def lock_from_sources(sources: list[str], repo: str, revision: str, *,
-                      emit: Optional[Emit] = None, hub_lock: Optional[Callable[[], Lock]] = None) -> Lock:
+                      emit: Optional[Emit] = None, hub_lock: Optional[Callable[[], Lock]] = None,
+                      client: Optional[HttpClient] = None) -> Lock:
     """The lock from the first source that has it: an in-cluster source's lock file, or
     Hub metadata (`hub_lock`)."""
     say = emit or (lambda _line: None)
     if sources == [HUB] and hub_lock is not None:
         return hub_lock()                 # the Hub alone: its own errors, unwrapped
+    client = client or http_client()
     errors = []
     for source in sources:
         try:
@@ -223,7 +252,7 @@ def lock_from_sources(sources: list[str], repo: str, revision: str, *,
                 if hub_lock is None:
                     raise tree.LockError("no Hub lock builder")
                 return hub_lock()
-            lock = fetch_lock(source, revision, repo)
+            lock = fetch_lock(source, revision, repo, client)
             say(f"lock: {repo}@{revision} from {label(source)}")
             return lock
         except Exception as exc:          # next source; every failure is reported at the end

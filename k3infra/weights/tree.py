@@ -49,11 +49,11 @@ from collections import namedtuple
 from collections.abc import Iterable
 
 try:                       # in a pod: shipped beside this file (k3weights/podcommon.py)
-    from .podcommon import (OPEN_FLAGS, atomic_write, fsync_dir, open_regular,  # noqa: F401
-                            read_regular)  # (re-exported)
+    from .podcommon import (OPEN_FLAGS, JsonRefused, atomic_write, fsync_dir,  # noqa: F401
+                            open_regular, output_target, parse_json, read_regular)  # (re-exported)
 except ImportError:        # on the operator's machine: the one copy, k3infra/podcommon.py
-    from ..podcommon import (OPEN_FLAGS, atomic_write, fsync_dir, open_regular,  # noqa: F401
-                             read_regular)
+    from ..podcommon import (OPEN_FLAGS, JsonRefused, atomic_write, fsync_dir,  # noqa: F401
+                             open_regular, output_target, parse_json, read_regular)
 
 ALGORITHM = "k3-tree-v1"
 MARKER_NAME = ".k3-verified.json"
@@ -116,7 +116,9 @@ class Lock(namedtuple("Lock", "repo revision files tree_digest total_bytes algor
 def check_path(path: str) -> str:
     """`path` if it is a valid lock path, else LockError naming the rule it breaks."""
     if not isinstance(path, str) or not path:
-        raise LockError(f"path {path!r}: must be a non-empty string")
+        raise LockError(f"path {_brief(path)}: must be a non-empty string")
+    if len(path) > 4096:
+        raise LockError(f"path {_brief(path)}: longer than 4096 characters")
     if path.startswith("/"):
         raise LockError(f"path {path!r}: must be relative (no leading '/')")
     bad = next((c for c in ("\\", "\x00", "\n", "\r") if c in path), None)
@@ -144,20 +146,21 @@ def reserved(path: str) -> bool:
 
 def check_revision(revision: str) -> str:
     if not isinstance(revision, str) or not _HEX40.match(revision):
-        raise LockError(f"revision {revision!r}: must be a 40-hex lowercase commit id "
+        raise LockError(f"revision {_brief(revision)}: must be a 40-hex lowercase commit id "
                         "(a branch or tag name is never accepted: it moves)")
     return revision
 
 
 def check_repo(repo: str) -> str:
-    if not isinstance(repo, str) or not _REPO.match(repo):
-        raise LockError(f"repo {repo!r}: must be '<owner>/<name>'")
+    if not isinstance(repo, str) or len(repo) > 256 or not _REPO.match(repo):
+        raise LockError(f"repo {_brief(repo)}: must be '<owner>/<name>'")
     return repo
 
 
 def check_sha256(value: str, path: str = "") -> str:
     if not isinstance(value, str) or not _HEX64.match(value):
-        raise LockError(f"sha256 {value!r}{' of ' + path if path else ''}: must be 64 lowercase hex")
+        raise LockError(f"sha256 {_brief(value)}{' of ' + path if path else ''}: must be 64 "
+                        "lowercase hex")
     return value
 
 
@@ -174,15 +177,31 @@ def tree_digest(files: Iterable[FileEntry]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+# A file's size: at most 1 PiB (a lock's total is bounded by what the lock can list).
+MAX_FILE_BYTES = 1 << 50
+
+
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _entry(path: object, size: object, sha256: object) -> FileEntry:
+    """One checked FileEntry; LockError naming the field that breaks the format."""
+    check_path(path)
+    check_sha256(sha256, path)
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:
+        raise LockError(f"size {_brief(size)} of {path}: must be a non-negative integer "
+                        f"(at most {MAX_FILE_BYTES})")
+    return FileEntry(path=path, size=size, sha256=sha256)
+
+
 def make_lock(repo: str, revision: str, files: Iterable[FileEntry]) -> Lock:
     """A validated Lock for these files (sorted; digest and total computed)."""
-    entries = sorted(files, key=lambda e: _sort_key(e.path))
+    entries = [_entry(*e) for e in files]
+    entries.sort(key=lambda e: _sort_key(e.path))
     seen = set()
     for e in entries:
-        check_path(e.path)
-        check_sha256(e.sha256, e.path)
-        if not isinstance(e.size, int) or isinstance(e.size, bool) or e.size < 0:
-            raise LockError(f"size {e.size!r} of {e.path}: must be a non-negative integer")
         if e.path in seen:
             raise LockError(f"path {e.path!r}: listed twice")
         seen.add(e.path)
@@ -227,22 +246,32 @@ def parse_lock(data: object) -> Lock:
     if unknown:
         raise LockError(f"lock: unknown key(s) {unknown}; a lock has {list(_LOCK_KEYS)}")
     if data["algorithm"] != ALGORITHM:
-        raise LockError(f"algorithm {data['algorithm']!r}: only {ALGORITHM!r} is accepted")
+        raise LockError(f"algorithm {_brief(data['algorithm'])}: only {ALGORITHM!r} is accepted")
     if not isinstance(data["files"], list):
         raise LockError("files: must be a list of {path, size, sha256}")
     entries = []
     for i, row in enumerate(data["files"]):
         if not isinstance(row, dict) or set(row) != {"path", "size", "sha256"}:
-            raise LockError(f"files[{i}] {row!r}: must be an object with exactly path, size, sha256")
-        entries.append(FileEntry(path=row["path"], size=row["size"], sha256=row["sha256"]))
+            raise LockError(f"files[{i}] {_brief(row)}: must be an object with exactly path, "
+                            "size, sha256")
+        # Each field checked before the list is sorted or hashed: the sort key encodes
+        # the path (a number, an object or a lone surrogate there must be a refusal).
+        try:
+            entry = _entry(row["path"], row["size"], row["sha256"])
+        except LockError as exc:
+            raise LockError(f"files[{i}]: {exc}") from None
+        entries.append(entry)
     lock = make_lock(data["repo"], data["revision"], entries)
     if [e.path for e in entries] != [e.path for e in lock.files]:
         raise LockError("files: must be sorted by path (ascending UTF-8 bytes)")
     if data["tree_digest"] != lock.tree_digest:
-        raise LockError(f"tree_digest {data['tree_digest']!r} does not match the files listed "
-                        f"(k3-tree-v1 gives {lock.tree_digest}): the lock was edited or is corrupt")
-    if data["total_bytes"] != lock.total_bytes:
-        raise LockError(f"total_bytes {data['total_bytes']!r}: the files add up to {lock.total_bytes}")
+        raise LockError(f"tree_digest {_brief(data['tree_digest'])} does not match the files "
+                        f"listed (k3-tree-v1 gives {lock.tree_digest}): the lock was edited or "
+                        "is corrupt")
+    if (not isinstance(data["total_bytes"], int) or isinstance(data["total_bytes"], bool)
+            or data["total_bytes"] != lock.total_bytes):
+        raise LockError(f"total_bytes {_brief(data['total_bytes'])}: the files add up to "
+                        f"{lock.total_bytes}")
     return lock
 
 
@@ -259,9 +288,9 @@ def parse_lock_bytes(raw: bytes, path: str) -> Lock:
     """parse_lock of a lock file's bytes; LockError naming `path` for bytes that are not
     UTF-8 JSON (deep nesting included: json's RecursionError is a refusal too)."""
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise LockError(f"lock {path}: not JSON ({str(exc)[:200]})") from None
+        data = parse_json(raw, max_depth=8)         # podcommon's bounded JSON parser
+    except JsonRefused as exc:
+        raise LockError(f"lock {path}: not a lock ({exc})") from None
     try:
         return parse_lock(data)
     except LockError as exc:
