@@ -133,7 +133,8 @@ def validation_line(exc: ValidationError) -> str:
     first = errors[0]
     got = "" if first["type"] == "missing" else f" (got {_shown(first.get('input'))})"
     more = f"; and {len(errors) - 1} more problem(s)" if len(errors) > 1 else ""
-    return f"{where(first['loc'])}: {first['msg']}{got}{more}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where(first['loc'])}: {message}{got}{more}"
 
 
 def validate(data: Any, model: type[M], source) -> M:

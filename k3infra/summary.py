@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from k3infra.config import StackConfig
+from k3infra.display import styled
 from k3infra.topology import fit_summary, is_multi_node, not_measured_text
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import SERVING_CONTAINER, serve_argv
@@ -31,7 +32,7 @@ def rendered_serve_line(render, template: str = "leaderTemplate") -> str:
 
 
 def summary_rows(cfg: StackConfig, render, receipt: Receipt,
-                 serve_line: Optional[str] = None) -> list[tuple[str, str]]:
+                 serve_line: Optional[str] = None) -> list[tuple[str, object]]:
     """`serve_line`: the rendered `vllm serve` line when it is not a StatefulSet's (a
     Docker host's server container, k3infra/host/report.py)."""
     r = receipt
@@ -40,7 +41,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
     if is_multi_node(cfg):
         mn = cfg.multi_node
         topology_rows = [
-            ("topology", f"[bold red]{not_measured_text(r)}[/bold red]"),
+            ("topology", styled((not_measured_text(r), "bold red"))),
             ("vllm serve (worker)", rendered_serve_line(render, "workerTemplate")),
         ]
         placement = (f"{cfg.replicas} replica(s) x {mn.nodes_per_replica} pods x "
@@ -56,7 +57,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
     return [
         ("receipt", r.id),
         ("profile", cfg.profile if cfg.profile == "measured" else
-         f"[bold red]{cfg.profile}: NOT the measured configuration[/bold red]"),
+         styled((f"{cfg.profile}: NOT the measured configuration", "bold red"))),
         # EngineBuild's label: the receipt's engine and how it is obtained, or the
         # upstream release marked "not the measured engine".
         ("engine", str(render.outputs.get("engineProfile")

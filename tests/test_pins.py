@@ -65,7 +65,7 @@ def test_cidrs_from_the_kubernetes_endpointslice():
     calls = []
 
     class Api:
-        def list_namespaced_endpoint_slice(self, namespace, label_selector):
+        def list_namespaced_endpoint_slice(self, namespace, label_selector, **_kw):
             calls.append((namespace, label_selector))
             return _slices((["10.0.0.12"], True), (["fd00::1", "10.0.0.11"], None), (["10.0.0.99"], False))
 
@@ -110,8 +110,12 @@ def test_write_keeps_comments_order_and_secrets(tmp_path):
 
 
 class _TokenRegistry(BaseHTTPRequestHandler):
-    """401 + WWW-Authenticate Bearer until the token from /token is presented."""
-    digest = "sha256:" + hashlib.sha256(b"{}").hexdigest()
+    """401 + WWW-Authenticate Bearer until the token from /token is presented; each body
+    hashes to the digest that names it (the client checks)."""
+    config = json.dumps({"os": "linux", "architecture": "amd64"}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "config": {
+        "digest": "sha256:" + hashlib.sha256(config).hexdigest()}}).encode()
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
     seen: list = []
 
     def log_message(self, *args):
@@ -135,9 +139,9 @@ class _TokenRegistry(BaseHTTPRequestHandler):
             self.end_headers()
             return
         if "/blobs/" in self.path:
-            body = json.dumps({"os": "linux", "architecture": "amd64"}).encode()
+            body = self.config
         else:
-            body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "c" * 64}}).encode()
+            body = self.manifest
         self.send_response(200)
         self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
         self.send_header("Docker-Content-Digest", self.digest)
@@ -433,7 +437,7 @@ def test_a_resolved_value_the_config_refuses_is_not_written(loopback, capsys, mo
     from k3infra.pins import oci as oci_mod
 
     real = oci_mod.resolve
-    monkeypatch.setattr(oci_mod, "resolve", lambda image: real(image) if "uv" not in image
+    monkeypatch.setattr(oci_mod, "resolve", lambda image, **kw: real(image, **kw) if "uv" not in image
                         else oci_mod.Resolved("sha256:" + "A" * 64, "x", ()))
     before = loopback.stack.read_text()
     rc, out = _pins(capsys, "--write")
@@ -490,11 +494,14 @@ def test_no_registries_conf_asks_the_registry_itself(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("text, message", [
     ("[[registry]\nlocation = 1", "not readable as TOML"),
-    ('[[registry]]\nlocation = "https://mirror.example"', "registry[0].location = 'https://mirror.example': expected host[:port][/path] (no scheme, no spaces)"),
-    ('[[registry]]\nlocation = "docker.io"\ninsecure = "yes"', "registry[0].insecure = 'yes': expected true or false"),
+    ('[[registry]]\nlocation = "https://mirror.example"', "registry[0].location: expected host[:port][/path] (no scheme, no user:password@, no spaces) (got 'https://mirror.example')"),
+    ('[[registry]]\nlocation = "user:pw@mirror.example"', "registry[0].location: expected host[:port][/path] (no scheme, no user:password@, no spaces) (got 'user:pw@mirror.example')"),
+    ('[[registry]]\nlocation = "docker.io"\ninsecure = "yes"', "registry[0].insecure: Input should be a valid boolean (got 'yes')"),
+    ('[[registry]]\nlocation = "docker.io"\n[[registry.mirror]]\nlocation = "m.example"\ninsecure = 1', "registry[0].mirror[0].insecure: Input should be a valid boolean (got 1)"),
+    ("registry = 5", "registry: Input should be a valid list (got 5)"),
     ('[[registry]]\nprefix = "*.docker.io"\nlocation = "x.example"', "wildcard prefixes are not read"),
     ('[[registry]]\nlocation = "docker.io"\n[[registry.mirror]]\nlocation = "m.example"\npull-from-mirror = "sometimes"',
-     "registry[0].mirror[0].pull-from-mirror = 'sometimes': expected all, digest-only or tag-only"),
+     "registry[0].mirror[0].pull-from-mirror: Input should be 'all', 'digest-only' or 'tag-only' (got 'sometimes')"),
     ('[[registry]]\nlocation = "docker.io"\nblocked = true', "docker.io/library/rust: blocked by"),
 ])
 def test_a_bad_registries_conf_is_one_line_naming_the_file(tmp_path, monkeypatch, text, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3infra.accuracy.compare import CONFIDENCE, AccuracyComparison
+from k3infra.display import styled, write_figure
 from k3infra.receipt import Receipt
 
 
@@ -22,7 +23,7 @@ def accuracy_table(cmp: AccuracyComparison, receipt: Receipt):
                       f"{r.band[0]:.4f}..{r.band[1]:.4f}",
                       "-" if r.measured is None else f"{r.measured:.4f}",
                       "-" if r.samples is None else str(r.samples),
-                      "[green]pass[/]" if r.ok else "[bold red]FAIL[/]")
+                      styled(("pass", "green")) if r.ok else styled(("FAIL", "bold red")))
     return table
 
 
@@ -57,7 +58,7 @@ def plot_accuracy(cmp: AccuracyComparison, receipt: Receipt, out: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    try:
+        return write_figure(fig, out)
+    finally:
+        plt.close(fig)

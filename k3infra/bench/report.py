@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from k3infra.bench.compare import Comparison
 from k3infra.bench.results import BenchResult
+from k3infra.display import console as literal_console, styled, write_figure
 from k3infra.receipt import Receipt
 
 _STYLE = {"pass": "green", "FAIL": "bold red", "not comparable": "yellow",
@@ -32,7 +33,7 @@ def comparison_table(cmp: Comparison, receipt: Receipt):
         table.add_row(_short(r.source), str(r.concurrency), r.stat,
                       "-" if r.receipt_ms is None else f"{r.receipt_ms:.0f}",
                       f"{r.measured_ms:.0f}", "-" if delta is None else f"{delta:+.1f} %",
-                      f"[{_STYLE[verdict]}]{verdict}[/]")
+                      styled((verdict, _STYLE[verdict])))
     return table
 
 
@@ -47,18 +48,16 @@ def workload_table(cmp: Comparison, only_mismatches: bool = True):
         if only_mismatches and c.ok:
             continue
         table.add_row(_short(c.source), c.what, c.expected, c.actual,
-                      "[green]ok[/]" if c.ok else "[bold red]MISMATCH[/]")
+                      styled(("ok", "green")) if c.ok else styled(("MISMATCH", "bold red")))
     return table
 
 
 def print_comparison(cmp: Comparison, receipt: Receipt, console=None) -> None:
-    from rich.console import Console
-
-    console = console or Console()
+    console = console or literal_console()
     if cmp.cross_topology:
-        console.print(f"[bold red]cross-topology comparison[/]: {cmp.cross_topology} results "
-                      f"against receipt {receipt.id} ({receipt.hardware.node}); NOT the measured "
-                      "configuration")
+        console.print(styled(("cross-topology comparison", "bold red"),
+                             f": {cmp.cross_topology} results against receipt {receipt.id} "
+                             f"({receipt.hardware.node}); NOT the measured configuration"))
     files = len({c.source for c in cmp.checks})
     if cmp.mismatches:
         console.print(workload_table(cmp))
@@ -67,12 +66,12 @@ def print_comparison(cmp: Comparison, receipt: Receipt, console=None) -> None:
                       "(grid, prompt tokens, output cap, no failed request)")
     console.print(comparison_table(cmp, receipt))
     status = cmp.exit_status()
-    verdict = {0: "[green]PASS[/]: within tolerance of the receipt",
-               1: "[bold red]FAIL[/]: outside tolerance of the receipt",
-               3: "[bold red]NOT COMPARABLE[/]: not the receipt's workload"}[status]
+    verdict = {0: styled(("PASS", "green"), ": within tolerance of the receipt"),
+               1: styled(("FAIL", "bold red"), ": outside tolerance of the receipt"),
+               3: styled(("NOT COMPARABLE", "bold red"), ": not the receipt's workload")}[status]
     console.print(verdict)
     for reason in cmp.reasons():
-        console.print(f"  - {reason}", highlight=False)
+        console.print(f"  - {reason}")
 
 
 def plot_latencies(results: Sequence[BenchResult], receipt: Receipt, tolerance_pct: float,
@@ -113,20 +112,19 @@ def plot_latencies(results: Sequence[BenchResult], receipt: Receipt, tolerance_p
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    try:
+        return write_figure(fig, out)
+    finally:
+        plt.close(fig)
 
 
 def print_cost(rows, node_rate: float, nodes: int, console=None) -> None:
     """The cost table and the formula it used (k3infra.bench.cost)."""
-    from rich.console import Console
     from rich.table import Table
 
     from k3infra.bench.cost import FORMULA
 
-    console = console or Console()
+    console = console or literal_console()
     table = Table(title=f"cost at {node_rate:g} USD per node-hour x {nodes} node(s)")
     for col in ("c", "files", "duration s", "output tok/s", "total tok/s",
                 "USD / 1M output", "USD / 1M total"):
@@ -167,7 +165,7 @@ def plot_cost(rows, node_rate: float, nodes: int, out: Path) -> Path:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    try:
+        return write_figure(fig, out)
+    finally:
+        plt.close(fig)

@@ -61,6 +61,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Text from files and servers may hold what the terminal's encoding cannot (a lone
+    # surrogate from JSON): escaped when printed, never an encoding traceback.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     only = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(only).parse_args(argv)
     try:
@@ -68,7 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"k3infra {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # A file the command reads or writes (the one bounded reader or output writer
+        # refused it, or the system did): one line naming it.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"k3infra {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
+        # A file of a known format that is not one (k3infra.fileformats): one line.
+        formats = sys.modules.get("k3infra.fileformats")
+        if formats is not None and isinstance(exc, formats.FileFormatError):
+            print(f"k3infra {args.command}: {exc}", file=sys.stderr)
+            return 2
         # K3INFRA_RECEIPT (or --receipt) names a bad receipt: one line, like bad input.
         # Looked up, not imported: `weights verify` in a pod never loads pydantic.
         receipt = sys.modules.get("k3infra.receipt")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from k3infra.cli import flags
+
 DEFAULT_STACK = "existing"
 
 
@@ -23,28 +25,31 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--branch", default="main", help="the Hub branch offered (default: main)")
     parser.add_argument("--kubeconfig", help="the cluster for the API server's CIDRs "
                         "(default: $KUBECONFIG, ~/.kube/config)")
+    parser.add_argument("--timeout", type=flags.seconds, default=None, metavar="SECONDS",
+                        help="every registry, Hub and git call of the command ends by then "
+                        "(default 300; each call within 20)")
     parser.set_defaults(func=_pins)
 
 
 def _pins(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     import k3infra.pins as p
     from k3infra.cli import UsageError
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.config.stackfile import STACK_DIR, stack_file
+    from k3infra.display import console as literal_console, styled
     from k3infra.receipt import load_receipt
     from k3infra.render import load_config, project_root
 
-    console = Console()
+    console = literal_console()
     root = project_root()
     path = stack_file(args.stack, root)
     if not path.is_file():
         raise UsageError(f"--stack {args.stack}: no {path}")
     receipt = load_receipt()
-    raw, secrets = load_config(args.stack, [], root)   # as `render` reads it
     try:
+        raw, secrets = load_config(args.stack, [], root)   # as `render` reads it
         cfg = parse_stack_config(raw, tuple(secrets), receipt=receipt)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -68,10 +73,10 @@ def _pins(args: argparse.Namespace) -> int:
         console.print(f"{len(writable)} value(s) resolved; nothing written (--write records them)")
     for pin in pins:        # whole, not wrapped in a cell: what to do next
         if pin.state in (p.UNRESOLVED, p.CHOICE) and pin.source:
-            console.print(f"{pin.state}: {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
+            console.print(f"{pin.state}: {pin.key}: {pin.source}", soft_wrap=True)
     moved = [pin for pin in pins if pin.state == p.MOVED]
     for pin in moved:
-        console.print(f"[red]moved:[/red] {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
+        console.print(styled(("moved:", "red"), f" {pin.key}: {pin.source}"), soft_wrap=True)
     return 1 if moved else 0
 
 
@@ -80,18 +85,23 @@ def _resolve(cfg, receipt, args, root: Path) -> list:
     from k3infra.gates import is_placeholder
     from k3infra.pins import cluster, gitref, hub, oci
 
+    # One client for the command: its deadline covers every registry and Hub call.
+    http = oci.client(args.timeout or oci.DEADLINE_S)
     check = args.check
     pins = []
     for key, image in p.image_pins(cfg):
         if check and is_placeholder(image):
             pins.append(p.Pin(key, image, state=p.UNRESOLVED, source="not pinned yet: nothing to check"))
             continue
-        pins.append(p.image_pin(key, image, oci.resolve))
-    commit = p.engine_commit_pin(cfg, receipt, gitref.ls_remote)
+        pins.append(p.image_pin(key, image, lambda ref: oci.resolve(ref, http=http)))
+    commit = p.engine_commit_pin(cfg, receipt, lambda repo, ref: gitref.ls_remote(
+        repo, ref, timeout=max(1.0, min(gitref.TIMEOUT_S, http.deadline.left()))))
     if commit is not None and not (check and commit.current is None):
         pins.append(commit)
     if not check:
-        for pin in (p.revision_pin(cfg, receipt, hub.branch_commit, args.branch, args.take_revision),
+        branch_commit = lambda repo, branch, endpoint: hub.branch_commit(  # noqa: E731
+            repo, branch, endpoint, http=http)
+        for pin in (p.revision_pin(cfg, receipt, branch_commit, args.branch, args.take_revision),
                     p.cidrs_pin(cfg, lambda: cluster.discovery_api(args.kubeconfig))):
             if pin is not None:
                 pins.append(pin)
@@ -106,8 +116,10 @@ def _check(console, pins) -> int:
     bad = [pin for pin in pins if pin.state == p.MOVED
            or (pin.state == p.UNRESOLVED and pin.current and pin.resolved is None
                and "not pinned yet" not in pin.source)]
+    from k3infra.display import styled
+
     for pin in bad:
-        console.print(f"[red]refused:[/red] {pin.key}: {pin.source}", highlight=False, soft_wrap=True)
+        console.print(styled(("refused:", "red"), f" {pin.key}: {pin.source}"), soft_wrap=True)
     if not bad:
         checked = sum(pin.state == p.PINNED for pin in pins)
         console.print(f"{checked} recorded pin(s) still name what was measured")
@@ -121,6 +133,7 @@ def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.config.stackfile import read_stack_file
     from k3infra.pins.stackwrite import StackWriteError, set_values
+    from k3infra.podcommon import atomic_write_text
 
     try:
         text = set_values(path, [(pin.path, pin.resolved) for pin in writable])
@@ -129,8 +142,11 @@ def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
     # The written file is validated as a hand-typed one would be, before it replaces the old.
     with tempfile.TemporaryDirectory() as tmp:
         candidate = Path(tmp) / path.name
-        candidate.write_text(text)
-        new_raw, new_secrets = read_stack_file(candidate)
+        atomic_write_text(candidate, text)
+        try:
+            new_raw, new_secrets = read_stack_file(candidate)
+        except ConfigError as exc:
+            raise UsageError(f"not written: {exc}") from None
     for key in set(raw) - set(new_raw):        # the API key render stands in for
         new_raw[key] = raw[key]
         new_secrets.append(key)
@@ -138,9 +154,12 @@ def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
         parse_stack_config(new_raw, tuple(new_secrets), receipt=receipt)
     except ConfigError as exc:
         raise UsageError(f"not written: {exc}") from None
-    path.write_text(text)
+    try:
+        atomic_write_text(path, text)    # the one output writer (a regular file, renamed)
+    except OSError as exc:
+        raise UsageError(f"not written: {exc.filename}: {exc.strerror}") from None
     console.print(f"wrote {len(writable)} value(s) to {path}: "
-                  + ", ".join(pin.key for pin in writable), highlight=False, soft_wrap=True)
+                  + ", ".join(pin.key for pin in writable), soft_wrap=True)
 
 
 def _show(value, none: str = "unset") -> str:

@@ -26,7 +26,8 @@ def discovery_api(kubeconfig: str | None = None):
 def api_server_cidrs(api) -> list[str]:
     """Each ready address of the slices as a /32 (IPv4) or /128 (IPv6), sorted."""
     try:
-        slices = api.list_namespaced_endpoint_slice("default", label_selector=SELECTOR)
+        slices = api.list_namespaced_endpoint_slice("default", label_selector=SELECTOR,
+                                                    _request_timeout=(10, 20))
     except Exception as exc:  # ApiException, urllib3 errors: one line either way
         raise ClusterError(f"listing EndpointSlices in default failed: {str(exc).splitlines()[0]}") from None
     found = set()

@@ -18,16 +18,16 @@ def pr_ref(pull_request: int) -> str:
     return f"refs/pull/{pull_request}/head"
 
 
-def ls_remote(repo: str, ref: str) -> str | None:
+def ls_remote(repo: str, ref: str, timeout: float = TIMEOUT_S) -> str | None:
     """The commit `ref` names on `repo` today, or None when the remote has no such ref."""
     try:
         done = subprocess.run(["git", "ls-remote", "--", repo, ref], capture_output=True,
-                              text=True, timeout=TIMEOUT_S,
+                              text=True, errors="replace", timeout=timeout,
                               env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     except FileNotFoundError:
         raise RefError("git is not installed") from None
     except subprocess.TimeoutExpired:
-        raise RefError(f"git ls-remote {repo} {ref} ran past {TIMEOUT_S:.0f} s") from None
+        raise RefError(f"git ls-remote {repo} {ref} ran past {timeout:.0f} s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise RefError(f"git ls-remote {repo} {ref} failed ({done.returncode}): {last}")

@@ -15,13 +15,23 @@ name with the digest, which is content-addressed and the same wherever it is pul
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+from pydantic import AfterValidator, Field
+
+from k3infra.fileformats import FileFormatError, FileModel, read_text, validate
 
 ENV = "CONTAINERS_REGISTRIES_CONF"
 SYSTEM_FILE = Path("/etc/containers/registries.conf")
 DOCKER_HUB = "docker.io"
+# host[:port][/path]: no scheme, no user:password@ (credentials live in auth.json), no
+# space or control character.
+_LOCATION = re.compile(r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?"
+                       r"|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?")
 
 
 class MirrorConfigError(RuntimeError):
@@ -44,6 +54,38 @@ class _Registry:
     mirrors: tuple[Endpoint, ...]
 
 
+def _location(value: str) -> str:
+    if len(value) > 512 or not _LOCATION.fullmatch(value):
+        raise ValueError("expected host[:port][/path] (no scheme, no user:password@, no spaces)")
+    return value.rstrip("/")
+
+
+Location = Annotated[str, Field(strict=True), AfterValidator(_location)]
+
+
+class _MirrorTable(FileModel):
+    location: Location
+    insecure: bool = False
+    pull_from_mirror: Literal["all", "digest-only", "tag-only"] = Field(
+        default="all", alias="pull-from-mirror")
+
+
+class _RegistryTable(FileModel):
+    prefix: Optional[Location] = None
+    location: Optional[Location] = None
+    insecure: bool = False
+    blocked: bool = False
+    mirror_by_digest_only: bool = Field(default=False, alias="mirror-by-digest-only")
+    mirror: list[_MirrorTable] = Field(default_factory=list, max_length=256)
+
+
+class RegistriesConf(FileModel):
+    """containers-registries.conf(5), v2: the `[[registry]]` tables read here (other
+    keys, such as unqualified-search-registries, are left alone)."""
+
+    registry: list[_RegistryTable] = Field(default_factory=list, max_length=4096)
+
+
 def config_path() -> Path | None:
     """The registries.conf in effect, or None when there is none."""
     named = os.environ.get(ENV)
@@ -56,60 +98,38 @@ def config_path() -> Path | None:
     return None
 
 
-def _text(path: Path, where: str, table: dict, key: str, default: str | None = None) -> str:
-    value = table.get(key, default)
-    if not isinstance(value, str) or not value or any(c.isspace() for c in value) or "://" in value:
-        raise MirrorConfigError(f"{path}: {where}.{key} = {value!r}: expected host[:port][/path] "
-                                "(no scheme, no spaces)")
-    return value.rstrip("/")
-
-
-def _flag(path: Path, where: str, table: dict, key: str) -> bool:
-    value = table.get(key, False)
-    if not isinstance(value, bool):
-        raise MirrorConfigError(f"{path}: {where}.{key} = {value!r}: expected true or false")
-    return value
-
-
 def load(path: Path) -> list[_Registry]:
-    """The `[[registry]]` tables of `path`; one line naming the file and key when unusable."""
-    if not path.is_file():
-        raise MirrorConfigError(f"{path}: not a regular file ({ENV} or the default path names it)")
+    """The `[[registry]]` tables of `path` (the bounded reader, then the typed model);
+    one line naming the file and key when unusable."""
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        doc = tomllib.loads(read_text(path, "registries.conf"))
+        conf = validate(doc, RegistriesConf, path)
+    except FileFormatError as exc:
+        raise MirrorConfigError(str(exc)) from None
+    except tomllib.TOMLDecodeError as exc:
         raise MirrorConfigError(f"{path}: not readable as TOML: {exc}") from None
-    tables = doc.get("registry", [])
-    if not isinstance(tables, list):
-        raise MirrorConfigError(f"{path}: registry: expected [[registry]] tables")
+    except RecursionError:
+        raise MirrorConfigError(f"{path}: not readable as TOML: nested too deeply") from None
     out = []
-    for i, table in enumerate(tables):
+    for i, table in enumerate(conf.registry):
         where = f"registry[{i}]"
-        if not isinstance(table, dict):
-            raise MirrorConfigError(f"{path}: {where}: expected a table")
-        location = _text(path, where, table, "location", table.get("prefix"))
-        prefix = _text(path, where, table, "prefix", location)
+        location = table.location or table.prefix
+        prefix = table.prefix or location
+        if location is None:
+            raise MirrorConfigError(f"{path}: {where}: neither location nor prefix is set")
         if prefix.startswith("*."):
             raise MirrorConfigError(f"{path}: {where}.prefix = {prefix!r}: wildcard prefixes are "
                                     "not read by k3infra pins; name the registry")
-        by_digest_only = _flag(path, where, table, "mirror-by-digest-only")
-        mirrors = []
-        entries = table.get("mirror", [])
-        if not isinstance(entries, list):
-            raise MirrorConfigError(f"{path}: {where}.mirror: expected [[registry.mirror]] tables")
-        for j, m in enumerate(entries):
-            mwhere = f"{where}.mirror[{j}]"
-            if not isinstance(m, dict):
-                raise MirrorConfigError(f"{path}: {mwhere}: expected a table")
-            pull = m.get("pull-from-mirror", "all")
-            if pull not in ("all", "digest-only", "tag-only"):
-                raise MirrorConfigError(f"{path}: {mwhere}.pull-from-mirror = {pull!r}: expected "
-                                        "all, digest-only or tag-only")
-            endpoint = Endpoint(_text(path, mwhere, m, "location"), _flag(path, mwhere, m, "insecure"), True)
-            if not by_digest_only and pull != "digest-only":   # a tag is what pins asks for
-                mirrors.append(endpoint)
-        out.append(_Registry(prefix, location, _flag(path, where, table, "insecure"),
-                             _flag(path, where, table, "blocked"), tuple(mirrors)))
+        if location.startswith("*."):
+            raise MirrorConfigError(f"{path}: {where}.location = {location!r}: a location is a "
+                                    "registry, not a wildcard")
+        mirrors = tuple(Endpoint(m.location, m.insecure, True) for m in table.mirror
+                        # a tag is what pins asks for
+                        if not table.mirror_by_digest_only and m.pull_from_mirror != "digest-only")
+        if any(m.location.startswith("*.") for m in table.mirror):
+            raise MirrorConfigError(f"{path}: {where}.mirror: a mirror location is a registry, "
+                                    "not a wildcard")
+        out.append(_Registry(prefix, location, table.insecure, table.blocked, mirrors))
     return out
 
 

@@ -30,8 +30,15 @@ def set_values(path: Path, values: list[tuple[tuple[str, ...], Any]]) -> str:
     needed under `config:`. Returns the new text; the caller writes it."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+    from k3infra.config.stackfile import STACK_FILE_MAX_BYTES
+    from k3infra.podcommon import read_regular
+
     yaml = _yaml()
-    doc = yaml.load(path.read_text())
+    try:    # the one bounded reader (the strict loader has already read this file)
+        text = read_regular(str(path), STACK_FILE_MAX_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StackWriteError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    doc = yaml.load(text)
     if doc is None:
         doc = CommentedMap()
     config = doc.setdefault("config", CommentedMap())
