@@ -62,7 +62,7 @@ def read_bytes(path, kind: str, *, follow_links: bool = True) -> bytes:
     try:
         return read_regular(str(path), KINDS[kind], follow_links)
     except FileNotFoundError:
-        raise FileFormatError(path, f"no such {kind} file") from None
+        raise FileFormatError(path, f"cannot read as a {kind} (no such file)") from None
     except OSError as exc:
         raise FileFormatError(path, f"cannot read as a {kind} ({exc.strerror or exc})") from None
 
@@ -131,10 +131,11 @@ def validation_line(exc: ValidationError) -> str:
     many more there are."""
     errors = exc.errors(include_url=False)
     first = errors[0]
-    got = "" if first["type"] == "missing" else f" (got {_shown(first.get('input'))})"
     more = f"; and {len(errors) - 1} more problem(s)" if len(errors) > 1 else ""
+    if first["type"] == "missing":
+        return f"missing key {where(first['loc'])!r}{more}"
     message = first["msg"].removeprefix("Value error, ")
-    return f"{where(first['loc'])}: {message}{got}{more}"
+    return f"{where(first['loc'])}: {message} (got {_shown(first.get('input'))}){more}"
 
 
 def validate(data: Any, model: type[M], source) -> M:

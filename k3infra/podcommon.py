@@ -19,8 +19,10 @@ CHUNK = 1 << 20
 
 
 def sha256_file(path) -> str:
+    """SHA-256 of a regular file (open_regular: no link followed, no FIFO waited on)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    fd, _st = open_regular(os.fspath(path))
+    with open(fd, "rb", closefd=True) as fh:
         for chunk in iter(lambda: fh.read(CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()

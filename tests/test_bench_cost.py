@@ -73,14 +73,21 @@ def test_cli_prints_the_formula_and_draws_the_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--node-rate", "0"], "--node-rate 0.0: must be a positive USD per hour"),
-    (["--node-rate", "-5"], "--node-rate -5.0"),
-    (["--node-rate", "80", "--nodes", "0"], "--nodes 0: must be >= 1"),
+    (["--node-rate", "0"], "argument --node-rate: '0': Input should be greater than or equal "
+     "to 0.01 (as the stack key k3:monitoring.nodeRateUsdPerHour)"),
+    (["--node-rate", "-5"], "argument --node-rate: '-5'"),
+    (["--node-rate", "inf"], "argument --node-rate: 'inf': Input should be a finite number"),
+    (["--node-rate", "80", "--nodes", "0"], "argument --nodes: '0': Input should be greater "
+     "than or equal to 1 (as the stack key k3:replicas)"),
+    (["--node-rate", "80", "--nodes", "1e9"], "argument --nodes: '1e9'"),
 ])
 def test_bad_input_names_the_flag(tmp_path, capsys, argv, msg):
+    """Flags are bounded like the stack keys they mirror (argparse's exit 2, one line)."""
     a, _ = _file(tmp_path, "c8.json", concurrency=8, latencies_ms=[17000.0] * 8,
                  input_len=35000, output_len=256)
-    assert main(["bench", "cost", *argv, str(a)]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "cost", *argv, str(a)])
+    assert exc.value.code == 2
     assert msg in capsys.readouterr().err
 
 

@@ -83,11 +83,14 @@ def test_deployed_flags_env_lock_and_engine(receipt):
                                  "StatefulSet"))
     c = sts["spec"]["template"]["spec"]["containers"][0]
     c["args"] += ["--max-num-seqs", "64"]
-    other = "sha256:" + "2" * 64
+    from k3infra.weights import tree
+
+    lock = tree.make_lock("o/m", GOOD_REVISION, [tree.FileEntry("a", 1, "2" * 64)])
+    other = lock.tree_digest
     inputs = (ReceiptInputs(id="upstream-run", engine_version="0.33.0",
                             engine_commit="0123456789abcdef", engine_pull_request=0,
                             single_run=True)
-              .with_statefulset(sts).with_lock({"tree_digest": other, "revision": GOOD_REVISION}))
+              .with_statefulset(sts).with_lock(lock))
     new = build_receipt(receipt, _parsed(_results(receipt, runs=1)), inputs)
     flags = [(a.flag, a.value) for a in new.serve.engine_args]
     assert flags[:len(receipt.serve.engine_args)] == [(a.flag, a.value)
@@ -114,6 +117,7 @@ def test_not_workload_a_is_refused(receipt):
 def test_written_receipt_reads_back_with_hashes(tmp_path, receipt):
     pairs = _results(receipt)
     paths = [write_result(tmp_path / name, data) for name, data in pairs]
+    (tmp_path / "out").mkdir()
     rc = main(["bench", "receipt", *map(str, paths), "--id", "my-node",
                "--out", str(tmp_path / "out" / "my-node.yaml")])
     assert rc == 0

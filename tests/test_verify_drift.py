@@ -274,14 +274,13 @@ def test_the_table_names_the_pod_of_a_weights_row():
     """Found in the real server's run: rich read "[kimi-k3-0]" as markup and dropped it."""
     import io
 
-    from rich.console import Console
-
     from k3infra.cli.verify import print_rows
+    from k3infra.display import console
 
     out = io.StringIO()
     print_rows([drift.DriftRow("weights", "verified marker [kimi-k3-0]", "present",
                                "cannot read: [x]", False)],
-               Console(file=out, width=200, color_system=None))
+               console(file=out, width=200, color_system=None))
     assert "verified marker [kimi-k3-0]" in out.getvalue()
     assert "cannot read: [x]" in out.getvalue()
 

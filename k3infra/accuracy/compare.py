@@ -16,13 +16,17 @@ configuration is not the baseline's (a different test, not a worse one).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
+from pydantic import Field, StrictBool, StrictFloat, StrictInt
+
+from k3infra.fileformats import (Count, FileFormatError, FileModel, Real, Text, load_json,
+                                 load_sha256sums)
+from k3infra.podcommon import sha256_file
 from k3infra.receipt import AccuracyBaseline, Receipt
 
 CONFIDENCE = 0.99
@@ -58,53 +62,79 @@ class AccuracyRun:
     engine_image: str = ""
 
 
-def _read_json(path: Path) -> dict:
+# ---- the run directory's files, typed (k3infra.fileformats) ---------------------------
+
+class _TaskScore(FileModel):
+    metric: Text(256)
+    score: Real(0, 1)
+    samples: Count(10 ** 7, ge=1)
+
+
+_Scalar = Union[StrictBool, StrictInt, StrictFloat, Text(4096), None]
+
+
+class ScoresFile(FileModel):
+    """scores.json: what runner.py wrote from lm-eval's results."""
+
+    run_id: Optional[Text(256)] = None
+    harness: Text(4096) = ""
+    task_config: dict[Text(256), Union[_Scalar, list[_Scalar], dict[Text(256), _Scalar]]] = \
+        Field(default_factory=dict, max_length=256)
+    scores: dict[Text(256), _TaskScore] = Field(min_length=1, max_length=256)
+
+
+class IndexFile(FileModel):
+    status: Text(64)
+    problems: list[Text(1 << 16)] = Field(default_factory=list, max_length=1024)
+
+
+class RunConfigFile(FileModel):
+    engine_image: Text(1024) = ""
+
+
+def _read(run_dir: Path, name: str, model):
+    # Inside the run directory: no link followed, bounded, typed.
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{path}: not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict):
-        raise RunError(f"{path}: not a JSON object")
-    return data
+        return load_json(run_dir / name, "accuracy file", model, follow_links=False)
+    except FileFormatError as exc:
+        raise RunError(str(exc)) from None
 
 
 def load_run(path: Path) -> AccuracyRun:
-    """A run directory (or its scores.json): every file checked against SHA256SUMS."""
+    """A run directory (or its scores.json): every file checked against SHA256SUMS, each
+    read by the one bounded reader and typed."""
     run_dir = path.parent if path.is_file() else path
     sums_file = run_dir / "SHA256SUMS"
+    if not os.path.lexists(sums_file):
+        raise RunError(f"{run_dir}: no SHA256SUMS (not an accuracy run directory)")
     try:
-        lines = sums_file.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        raise RunError(f"{run_dir}: no SHA256SUMS (not an accuracy run directory)") from None
+        listed = load_sha256sums(sums_file)
+    except FileFormatError as exc:
+        raise RunError(str(exc)) from None
     files: dict[str, str] = {}
-    for line in lines:
-        digest, _, name = line.partition("  ")
-        if len(digest) != 64 or not name:
-            raise RunError(f"{sums_file}: malformed line {line!r}")
-        target = run_dir / name
+    for name, digest in listed.items():
         try:
-            actual = hashlib.sha256(target.read_bytes()).hexdigest()
-        except OSError:
-            raise RunError(f"{run_dir}: {name} is listed in SHA256SUMS but missing") from None
+            actual = sha256_file(run_dir / name)      # a regular file, no link followed
+        except OSError as exc:
+            raise RunError(f"{run_dir}: {name} is listed in SHA256SUMS but cannot be read "
+                           f"({exc.strerror or exc})") from None
         if actual != digest:
             raise RunError(f"{run_dir}: {name} does not match SHA256SUMS")
         files[name] = digest
     for required in ("scores.json", "index.json", "config.json"):
         if required not in files:
             raise RunError(f"{run_dir}: {required} is not covered by SHA256SUMS")
-    index = _read_json(run_dir / "index.json")
-    if index.get("status") != "complete":
-        raise RunError(f"{run_dir}: run status {index.get('status')!r}, problems: "
-                       f"{index.get('problems')}")
-    scores = _read_json(run_dir / "scores.json")
-    config = _read_json(run_dir / "config.json")
-    if not isinstance(scores.get("scores"), dict) or not scores["scores"]:
-        raise RunError(f"{run_dir}/scores.json: no scores")
-    return AccuracyRun(path=run_dir, run_id=str(scores.get("run_id", run_dir.name)),
-                       harness=str(scores.get("harness", "")),
-                       task_config=scores.get("task_config") or {},
-                       scores=scores["scores"], files=files,
-                       engine_image=str(config.get("engine_image", "")))
+    index = _read(run_dir, "index.json", IndexFile)
+    if index.status != "complete":
+        raise RunError(f"{run_dir}: run status {index.status!r}, problems: "
+                       f"{list(index.problems)[:5]}")
+    scores = _read(run_dir, "scores.json", ScoresFile)
+    config = _read(run_dir, "config.json", RunConfigFile)
+    return AccuracyRun(path=run_dir, run_id=scores.run_id or run_dir.name,
+                       harness=scores.harness,
+                       task_config=dict(scores.task_config),
+                       scores={t: s.model_dump() for t, s in scores.scores.items()}, files=files,
+                       engine_image=config.engine_image)
 
 
 @dataclass(frozen=True)

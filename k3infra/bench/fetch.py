@@ -6,14 +6,20 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
+import os
+import stat
 import tarfile
 import uuid
+import zlib
 from pathlib import Path, PurePosixPath
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
+
+from pydantic import AfterValidator, Field
 
 from k3infra.bench import manifests as b
-from k3infra.podcommon import sha256_file
+from k3infra.fileformats import (FileFormatError, FileModel, Text, load_json, load_sha256sums,
+                                 relative_name)
+from k3infra.podcommon import atomic_write, sha256_file
 
 
 class FetchError(RuntimeError):
@@ -22,8 +28,43 @@ class FetchError(RuntimeError):
 
 # --- evidence on the local side (pure file work, tested without a cluster) -------------
 
+# The most a fetched run may unpack to (its result files are a few hundred MB at most):
+# a decompression bomb from the reader pod stops here, before anything is written.
+MAX_RUN_BYTES = 4 << 30
+MAX_MEMBERS = 10_000
+
+
+class _Set(FileModel):
+    result: Annotated[str, AfterValidator(relative_name)]
+    role: Text(64) = ""
+
+
+class RunIndex(FileModel):
+    """index.json of a benchmark run: the result file of each set and its role."""
+
+    sets: list[_Set] = Field(default_factory=list, max_length=MAX_MEMBERS)
+
+
+def _directory(out: Path, rel: PurePosixPath) -> Path:
+    """out/rel as real directories (made as needed): an existing part that is a link or
+    not a directory is refused, so nothing is written outside `out`."""
+    here = out
+    for part in rel.parts:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            here.mkdir()
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise FetchError(f"{here}: exists and is not a directory (a link or a file); "
+                             "nothing written there")
+    return here
+
+
 def unpack_run(payload_b64: str, out: Path) -> Path:
-    """Extract the reader's base64 tar.gz into `out`; refuses links and escaping paths."""
+    """Extract the reader's base64 tar.gz into `out`; refuses links, escaping paths and
+    more than MAX_RUN_BYTES; every file written by the one output writer."""
     try:
         raw = base64.b64decode(payload_b64.strip(), validate=True)
     except (binascii.Error, ValueError):
@@ -34,22 +75,38 @@ def unpack_run(payload_b64: str, out: Path) -> Path:
         raise FetchError(f"the reader returned no valid archive ({exc})") from None
     roots = set()
     with tar:
-        members = tar.getmembers()
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise FetchError(f"the reader returned no valid archive ({exc})") from None
+        if len(members) > MAX_MEMBERS:
+            raise FetchError(f"the archive holds {len(members)} entries; at most {MAX_MEMBERS}")
         for m in members:
             p = PurePosixPath(m.name)
-            if p.is_absolute() or ".." in p.parts or not (m.isfile() or m.isdir()):
-                raise FetchError(f"refusing archive member {m.name!r}")
+            if (p.is_absolute() or not p.parts or ".." in p.parts or not (m.isfile() or m.isdir())
+                    or any(c in m.name for c in "\0\n\r\\")):
+                raise FetchError(f"refusing archive member {m.name[:200]!r}")
             roots.add(p.parts[0])
         if len(roots) != 1:
-            raise FetchError(f"expected one run directory in the archive, got {sorted(roots)}")
+            raise FetchError(f"expected one run directory in the archive, got {sorted(roots)[:10]}")
+        total = sum(m.size for m in members if m.isfile())
+        if total > MAX_RUN_BYTES:
+            raise FetchError(f"the archive unpacks to {total} bytes; at most {MAX_RUN_BYTES}")
         out.mkdir(parents=True, exist_ok=True)
         for m in members:
-            target = out / m.name
+            rel = PurePosixPath(m.name)
             if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
+                _directory(out, rel)
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(tar.extractfile(m).read())
+            where = _directory(out, rel.parent)
+            try:
+                data = tar.extractfile(m).read(m.size + 1)
+            except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+                raise FetchError(f"the archive broke off at {m.name[:200]!r} ({exc})") from None
+            try:
+                atomic_write(where / rel.name, data)      # the one output writer
+            except OSError as exc:
+                raise FetchError(f"{exc.filename}: {exc.strerror}") from None
     return out / roots.pop()
 
 
@@ -58,16 +115,19 @@ def check_sums(run_dir: Path) -> list[str]:
     sums_path = run_dir / "SHA256SUMS"
     if not sums_path.is_file():
         return [f"{run_dir}: no SHA256SUMS"]
-    listed = {}
-    for line in sums_path.read_text().splitlines():
-        digest, _, rel = line.partition("  ")
-        listed[rel] = digest
+    try:
+        listed = load_sha256sums(sums_path)
+    except FileFormatError as exc:
+        return [str(exc)]
     problems = []
     for rel, digest in listed.items():
         path = run_dir / rel
-        if not path.is_file():
+        try:
+            actual = sha256_file(path)           # a regular file, no link followed
+        except OSError:
             problems.append(f"{rel}: listed in SHA256SUMS, missing")
-        elif sha256_file(path) != digest:
+            continue
+        if actual != digest:
             problems.append(f"{rel}: sha256 differs from SHA256SUMS")
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir).as_posix()
@@ -78,8 +138,9 @@ def check_sums(run_dir: Path) -> list[str]:
 
 def measured_results(run_dir: Path) -> list[Path]:
     """The run's measured result files, from its index (warm-ups are not compared)."""
-    index = json.loads((run_dir / "index.json").read_text())
-    return [run_dir / s["result"] for s in index.get("sets", []) if s.get("role") == "measured"]
+    index = load_json(Path(run_dir) / "index.json", "benchmark result", RunIndex,
+                      follow_links=False)
+    return [Path(run_dir) / s.result for s in index.sets if s.role == "measured"]
 
 
 def fetch_results(cluster: Any, namespace: str, out: Path, image: Optional[str] = None,

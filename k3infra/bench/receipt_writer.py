@@ -23,11 +23,13 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import yaml
+from pydantic import Field
 
 from k3infra.bench.compare import workload_checks
+from k3infra.fileformats import FileFormatError, FileModel, Text, validate
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv
 from k3infra.bench.results import BenchResult, percentile
 from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
@@ -36,6 +38,38 @@ from k3infra.receipt import Receipt, parse_receipt
 
 class ReceiptWriteError(ValueError):
     pass
+
+
+# ---- the deployed StatefulSet (`kubectl get sts -o json`): the fields read here -------
+
+class _EnvVar(FileModel):
+    name: Text(256)
+    value: Optional[Text(1 << 16)] = None     # valueFrom entries have none
+
+
+class _Container(FileModel):
+    name: Text(253)
+    command: list[Text(1 << 16)] = Field(default_factory=list, max_length=4096)
+    args: list[Text(1 << 16)] = Field(default_factory=list, max_length=4096)
+    env: list[_EnvVar] = Field(default_factory=list, max_length=4096)
+
+
+class _PodSpec(FileModel):
+    containers: list[_Container] = Field(max_length=256)
+
+
+class _Template(FileModel):
+    spec: _PodSpec
+
+
+class _StsSpec(FileModel):
+    template: _Template
+
+
+class StatefulSetFile(FileModel):
+    """`kubectl get statefulset -o json`: the serving container's command, args and env."""
+
+    spec: _StsSpec
 
 
 @dataclass(frozen=True)
@@ -54,25 +88,34 @@ class ReceiptInputs:
     tree_digest: Optional[str] = None
     revision: Optional[str] = None
 
-    def with_statefulset(self, sts: dict) -> "ReceiptInputs":
-        containers = sts.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
-        c = next((x for x in containers if x.get("name") == SERVING_CONTAINER), None)
+    def with_statefulset(self, sts: Any) -> "ReceiptInputs":
+        """The serving container's flags and env of a StatefulSet (StatefulSetFile, or
+        its JSON as a dict, which is typed here first)."""
+        if not isinstance(sts, StatefulSetFile):
+            try:
+                sts = validate(sts, StatefulSetFile, "the StatefulSet")
+            except FileFormatError as exc:
+                raise ReceiptWriteError(str(exc)) from None
+        c = next((x for x in sts.spec.template.spec.containers if x.name == SERVING_CONTAINER),
+                 None)
         if c is None:
             raise ReceiptWriteError(f"the StatefulSet has no {SERVING_CONTAINER!r} container")
-        model, flags = parse_serve(serve_argv(c))
+        try:
+            model, flags = parse_serve(serve_argv({"command": list(c.command), "args": list(c.args)}))
+        except ValueError as exc:      # a shell line shlex cannot split
+            raise ReceiptWriteError(f"the serving container's command is not a `vllm serve` "
+                                    f"line ({exc})") from None
         if model is None:
             raise ReceiptWriteError("the serving container does not run `vllm serve <model>`")
 
         # The gate's and the start script's variables are read before `exec vllm serve`.
-        env = tuple((e["name"], e["value"]) for e in c.get("env") or []
-                    if "value" in e and e["name"] not in PRE_ENGINE_ENV_NAMES)
+        env = tuple((e.name, e.value) for e in c.env
+                    if e.value is not None and e.name not in PRE_ENGINE_ENV_NAMES)
         return replace(self, serve_flags=tuple(flags), serve_env=env)
 
-    def with_lock(self, lock: dict) -> "ReceiptInputs":
-        for key in ("tree_digest", "revision"):
-            if not isinstance(lock.get(key), str):
-                raise ReceiptWriteError(f"the lock file has no {key!r}")
-        return replace(self, tree_digest=lock["tree_digest"], revision=lock["revision"])
+    def with_lock(self, lock) -> "ReceiptInputs":
+        """The tree digest and revision of a parsed lock (k3infra.weights.tree.Lock)."""
+        return replace(self, tree_digest=lock.tree_digest, revision=lock.revision)
 
 
 def _date(results: Sequence[BenchResult]) -> Optional[str]:
@@ -237,8 +280,10 @@ def write_receipt(base: Receipt, results: Sequence[BenchResult], inputs: Receipt
     # What is written must read back to the same receipt (JSON form: NaN-safe).
     if parse_receipt(yaml.safe_load(text)).model_dump_json() != receipt.model_dump_json():
         raise ReceiptWriteError("the written receipt does not read back identically")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    from k3infra.podcommon import atomic_write_text, output_target
+
     sums = out.with_name(out.name + ".sha256")
-    sums.write_text("".join(f"{r.sha256}  {Path(r.source).name}\n" for r in results))
+    output_target(sums)                 # both outputs refused before either is written
+    atomic_write_text(out, text)        # the one output writer
+    atomic_write_text(sums, "".join(f"{r.sha256}  {Path(r.source).name}\n" for r in results))
     return [out, sums]

@@ -12,17 +12,22 @@ the last chunk's time minus the request's start),
 `p<P>_<m>_ms` for every `--metric-percentiles` value. `--metadata KEY=VALUE` pairs are
 merged into the top level as strings (the benchmark Job records its workload there).
 
-Pure: parse and validate; a bad file raises ResultError naming the file and the key.
+Read by the one bounded reader and typed by ResultFile (k3infra.fileformats); a bad file
+raises ResultError naming the file and the key, in one line.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from pydantic import model_validator
+
+from k3infra.fileformats import (Count, FileFormatError, FileModel, Real, Text, json_value,
+                                 read_bytes, validate)
 
 E2EL_KEYS = ("p50_e2el_ms", "p99_e2el_ms")
 E2EL_HINT = ("run vllm bench serve with --percentile-metrics ttft,tpot,itl,e2el "
@@ -94,109 +99,95 @@ class BenchResult:
         return [v * 1000.0 for i, v in enumerate(self.latencies_s) if ok(i)]
 
 
-def _number(data: dict, key: str, source: str, *, integer: bool = False,
-            required: bool = True, hint: str = "") -> Any:
-    if key not in data or data[key] is None:
-        if required:
-            raise ResultError(source, f"missing key {key!r}" + (f"; {hint}" if hint else ""))
-        return None
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ResultError(source, f"{key} = {value!r} is not a number")
-    if not math.isfinite(value):
-        raise ResultError(source, f"{key} = {value!r} is not finite")
-    if integer:
-        if value != int(value):
-            raise ResultError(source, f"{key} = {value!r} is not an integer")
-        return int(value)
-    return float(value)
+# Ceilings of a result file's figures: past every benchmark a node runs.
+MAX_PROMPTS = 10_000_000
+MAX_TOKENS = 10 ** 13
+MAX_SECONDS = 10 ** 7
 
 
-def _array(data: dict, key: str, source: str, length: int, kind: type) -> Optional[tuple]:
-    if key not in data:
-        return None
-    value = data[key]
-    if not isinstance(value, list):
-        raise ResultError(source, f"{key} is not a list")
-    if len(value) != length:
-        raise ResultError(source, f"{key} has {len(value)} entries, num_prompts is {length}")
-    out = []
-    for i, v in enumerate(value):
-        if kind is str:
-            if v is not None and not isinstance(v, str):
-                raise ResultError(source, f"{key}[{i}] = {v!r} is not a string")
-            out.append(v or "")
-        elif kind is list:
-            if not isinstance(v, list) or not all(
-                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-                raise ResultError(source, f"{key}[{i}] is not a list of numbers")
-            out.append(tuple(float(x) for x in v))
-        else:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ResultError(source, f"{key}[{i}] = {v!r} is not a number")
-            out.append(kind(v))
-    return tuple(out)
+class ResultFile(FileModel):
+    """A `vllm bench serve` result file, the keys read here (typed: a count is a JSON
+    integer, a figure a finite number, never a string; per-request arrays as long as
+    num_prompts). Other keys are left alone."""
+
+    date: Optional[Text(256)] = None
+    model_id: Optional[Text(1024)] = None
+    num_prompts: Count(MAX_PROMPTS)
+    completed: Count(MAX_PROMPTS)
+    failed: Count(MAX_PROMPTS)
+    max_concurrency: Optional[Count(MAX_PROMPTS, ge=1)]       # the key is required, null allowed
+    duration: Real(0, MAX_SECONDS)
+    total_input_tokens: Count(MAX_TOKENS)
+    total_output_tokens: Count(MAX_TOKENS)
+    output_throughput: Optional[Real(0, MAX_TOKENS)] = None
+    p50_e2el_ms: Real(0, MAX_SECONDS * 1000)
+    p99_e2el_ms: Real(0, MAX_SECONDS * 1000)
+    ttfts: Optional[list[Real(0, MAX_SECONDS)]] = None
+    itls: Optional[list[list[Real(0, MAX_SECONDS)]]] = None
+    latencies: Optional[list[Real(0, MAX_SECONDS)]] = None
+    input_lens: Optional[list[Count(MAX_TOKENS)]] = None
+    output_lens: Optional[list[Count(MAX_TOKENS)]] = None
+    errors: Optional[list[Optional[Text(1 << 16)]]] = None
+    metadata: dict[str, Text(1024)] = {}     # the k3_* keys (--metadata), gathered below
+
+    @model_validator(mode="after")
+    def _arrays_per_prompt(self) -> "ResultFile":
+        for key in ("ttfts", "itls", "latencies", "input_lens", "output_lens", "errors"):
+            value = getattr(self, key)
+            if value is not None and len(value) != self.num_prompts:
+                raise ValueError(f"{key} has {len(value)} entries, num_prompts is {self.num_prompts}")
+        return self
 
 
 def parse_result(data: Any, source: str, sha256: str = "") -> BenchResult:
     if not isinstance(data, dict):
         raise ResultError(source, "is not a JSON object (a vllm bench serve result file)")
-    num_prompts = _number(data, "num_prompts", source, integer=True)
-    completed = _number(data, "completed", source, integer=True)
-    failed = _number(data, "failed", source, integer=True)
-    if num_prompts < 0 or completed < 0 or failed < 0:
-        raise ResultError(source, "num_prompts, completed and failed must not be negative")
+    for key in E2EL_KEYS:
+        if data.get(key) is None:
+            raise ResultError(source, f"missing key {key!r}; {E2EL_HINT}")
     if "max_concurrency" not in data:
         raise ResultError(source, "missing key 'max_concurrency'")
-    max_c = data["max_concurrency"]
-    if max_c is not None:
-        max_c = _number(data, "max_concurrency", source, integer=True)
-    p50 = _number(data, "p50_e2el_ms", source, hint=E2EL_HINT)
-    p99 = _number(data, "p99_e2el_ms", source, hint=E2EL_HINT)
-    percentiles = {k: float(v) for k, v in data.items()
-                   if _PERCENTILE_KEY.match(k) and isinstance(v, (int, float))
-                   and not isinstance(v, bool)}
-    metadata = {k: str(data[k]) for k in META_KEYS if k in data}
-    ttfts = _array(data, "ttfts", source, num_prompts, float)
-    itls = _array(data, "itls", source, num_prompts, list)
-    latencies = _array(data, "latencies", source, num_prompts, float)
-    latencies_from = "latencies"
-    if latencies is None and ttfts is not None and itls is not None:
+    typed = {**data, "metadata": {k: data[k] for k in META_KEYS if k in data}}
+    try:
+        f = validate(typed, ResultFile, source)
+    except FileFormatError as exc:
+        raise ResultError(source, exc.problem) from None
+    percentiles = {}
+    for key, value in data.items():
+        if isinstance(key, str) and _PERCENTILE_KEY.match(key) and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ResultError(source, f"{key}: not finite (got {value!r})")
+            percentiles[key] = float(value)
+    tup = (lambda v: tuple(v) if v is not None else None)
+    latencies, latencies_from = tup(f.latencies), "latencies"
+    if latencies is None and f.ttfts is not None and f.itls is not None:
         # compare still checks them against the file's own p50/p99 (0.05 ms).
-        latencies = tuple(t + sum(i) for t, i in zip(ttfts, itls))
+        latencies = tuple(t + sum(i) for t, i in zip(f.ttfts, f.itls))
         latencies_from = "ttfts + itls"
     return BenchResult(
-        source=source, sha256=sha256,
-        date=str(data["date"]) if data.get("date") is not None else None,
-        model_id=str(data["model_id"]) if data.get("model_id") is not None else None,
-        num_prompts=num_prompts, completed=completed, failed=failed, max_concurrency=max_c,
-        duration_s=_number(data, "duration", source),
-        total_input_tokens=_number(data, "total_input_tokens", source, integer=True),
-        total_output_tokens=_number(data, "total_output_tokens", source, integer=True),
-        output_throughput=_number(data, "output_throughput", source, required=False),
-        p50_e2el_ms=p50, p99_e2el_ms=p99,
-        latencies_s=latencies, latencies_from=latencies_from,
-        input_lens=_array(data, "input_lens", source, num_prompts, int),
-        output_lens=_array(data, "output_lens", source, num_prompts, int),
-        ttfts_s=ttfts, itls_s=itls,
-        errors=_array(data, "errors", source, num_prompts, str),
-        metadata=metadata, percentiles_ms=percentiles,
+        source=source, sha256=sha256, date=f.date, model_id=f.model_id,
+        num_prompts=f.num_prompts, completed=f.completed, failed=f.failed,
+        max_concurrency=f.max_concurrency, duration_s=f.duration,
+        total_input_tokens=f.total_input_tokens, total_output_tokens=f.total_output_tokens,
+        output_throughput=f.output_throughput, p50_e2el_ms=f.p50_e2el_ms,
+        p99_e2el_ms=f.p99_e2el_ms, latencies_s=latencies, latencies_from=latencies_from,
+        input_lens=tup(f.input_lens), output_lens=tup(f.output_lens), ttfts_s=tup(f.ttfts),
+        itls_s=tuple(tuple(i) for i in f.itls) if f.itls is not None else None,
+        errors=tuple(e or "" for e in f.errors) if f.errors is not None else None,
+        metadata=dict(f.metadata), percentiles_ms=percentiles,
     )
 
 
 def load_result(path: Path) -> BenchResult:
+    """A result file through the one bounded reader and parser (k3infra.fileformats)."""
     source = str(path)
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ResultError(source, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(raw)
-    except UnicodeDecodeError:
-        raise ResultError(source, "is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data":
-            raise ResultError(source, "holds more than one JSON document (written with "
-                              "--append-result?); pass one result per file") from None
-        raise ResultError(source, f"is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        raw = read_bytes(path, "benchmark result")
+        data = json_value(raw, source, "benchmark result")
+    except FileFormatError as exc:
+        problem = exc.problem
+        if "more than one JSON document" in problem:
+            problem += " (written with --append-result?); pass one result per file"
+        raise ResultError(source, problem) from None
     return parse_result(data, source, hashlib.sha256(raw).hexdigest())

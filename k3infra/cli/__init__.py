@@ -39,8 +39,10 @@ def add_fetch_parser(sub, what: str, image_default: str, func) -> None:
     """`fetch`: copy a client Job's run directory off its volume (bench and accuracy)."""
     from k3infra.naming import PROGRAM_INSTANCE
 
+    from k3infra.cli.flags import output_dir
+
     fe = sub.add_parser("fetch", help=f"copy the {what}'s files from the cluster")
-    fe.add_argument("--out", required=True, type=Path)
+    fe.add_argument("--out", required=True, type=output_dir)
     fe.add_argument("--namespace", default=PROGRAM_INSTANCE)
     add_cluster_args(fe)
     fe.add_argument("--run", help="a run id (default: the latest complete run)")

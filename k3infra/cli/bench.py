@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3infra.cli import UsageError, add_fetch_parser
+from k3infra.cli import UsageError, add_fetch_parser, flags
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -16,10 +16,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     cmp = sub.add_parser("compare", help="compare vllm bench serve results with the receipt")
     cmp.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
-    cmp.add_argument("--tolerance-pct", type=float, default=None,
+    cmp.add_argument("--tolerance-pct", type=tolerance_pct, default=None,
                      help="allowed |measured - receipt| in %% of the receipt, both directions "
-                          "(default: k3:benchmark.tolerancePct's default, 10)")
-    cmp.add_argument("--plot", type=Path, metavar="FILE.png",
+                          "(default: k3:benchmark.tolerancePct's default, 10; bounded like it)")
+    cmp.add_argument("--plot", type=flags.figure_file, metavar="FILE.png",
                      help="draw per-request latencies against the receipt's p50/p99")
     cmp.add_argument("--receipt", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
     cmp.add_argument("--topology", choices=("single-node", "multi-node"),
@@ -29,7 +29,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     rec = sub.add_parser("receipt", help="write a receipt for your deployment from results")
     rec.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
-    rec.add_argument("--out", required=True, type=Path, help="the receipt YAML to write")
+    rec.add_argument("--out", required=True, type=flags.output_file,
+                     help="the receipt YAML to write (and <out>.sha256 beside it)")
     rec.add_argument("--id", required=True, help="the new receipt's id (lowercase, digits, . -)")
     rec.add_argument("--base", help="the receipt to start from (default: $K3INFRA_RECEIPT, else the shipped one)")
     rec.add_argument("--statefulset", type=Path,
@@ -39,10 +40,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--measured-on", help="YYYY-MM-DD (default: the results' date)")
     rec.add_argument("--engine-version")
     rec.add_argument("--engine-commit", help="7-40 hex")
-    rec.add_argument("--engine-pull-request", type=int,
+    rec.add_argument("--engine-pull-request", type=flags.count_from(0, 10 ** 9),
                      help="0 when the engine is a release, not a pull request build")
     rec.add_argument("--gpu-product", help="GPU feature discovery product label")
-    rec.add_argument("--gpu-memory-bytes", type=int, help="per GPU, as CUDA reports it")
+    rec.add_argument("--gpu-memory-bytes", type=flags.count_from(1, 1 << 44),
+                     help="per GPU, as CUDA reports it")
     rec.add_argument("--node", help="a one-line description of the node")
     rec.add_argument("--single-run", action="store_true",
                      help="accept one run per concurrency (no run-to-run agreement figure)")
@@ -54,25 +56,34 @@ def register(parser: argparse.ArgumentParser) -> None:
     pr.add_argument("--corpus", default="package:vllm",
                     help="a source directory, or package:<name> (default: the vllm package, "
                          "as in the engine image)")
-    pr.add_argument("--out", required=True, type=Path)
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--out", required=True, type=flags.output_dir)
+    pr.add_argument("--seed", type=flags.mirrors("BenchmarkConfig", "seed", "k3:benchmark.seed"), default=0)
     pr.add_argument("--run-id", required=True,
                     help="the benchmark run's id (its nonces); the Job records it")
-    pr.add_argument("--runs", type=int, default=1)
+    pr.add_argument("--runs", type=flags.mirrors("BenchmarkConfig", "runs", "k3:benchmark.runs"), default=1)
     pr.add_argument("--concurrencies", help="comma-separated (default: the receipt's)")
     pr.set_defaults(func=_prompts)
 
     co = sub.add_parser("cost", help="USD per million tokens at each measured concurrency")
     co.add_argument("results", nargs="+", type=Path, metavar="RESULT.json")
-    co.add_argument("--node-rate", required=True, type=float, metavar="USD_PER_HOUR",
-                    help="what one 8-GPU serving node costs per hour")
-    co.add_argument("--nodes", type=int, default=1,
-                    help="serving nodes behind the endpoint the results measured (default 1)")
-    co.add_argument("--plot", type=Path, metavar="FILE.png",
+    co.add_argument("--node-rate", required=True, type=_node_rate, metavar="USD_PER_HOUR",
+                    help="what one 8-GPU serving node costs per hour (bounded like "
+                         "k3:monitoring.nodeRateUsdPerHour)")
+    co.add_argument("--nodes", type=_nodes, default=1,
+                    help="serving nodes behind the endpoint the results measured (default 1; "
+                         "bounded like k3:replicas)")
+    co.add_argument("--plot", type=flags.figure_file, metavar="FILE.png",
                     help="draw USD per million tokens against concurrency")
     co.set_defaults(func=_cost)
 
     add_fetch_parser(sub, "benchmark Job", "the benchmark Job's own image", _fetch)
+
+
+# Flags bounded exactly like the stack keys they mirror (k3infra.cli.flags).
+tolerance_pct = flags.mirrors("BenchmarkConfig", "tolerance_pct", "k3:benchmark.tolerancePct")
+_node_rate = flags.mirrors("MonitoringConfig", "node_rate_usd_per_hour",
+                           "k3:monitoring.nodeRateUsdPerHour")
+_nodes = flags.mirrors("StackConfig", "replicas", "k3:replicas")
 
 
 def _load(paths: list[Path]):
@@ -87,10 +98,7 @@ def _load(paths: list[Path]):
 def _tolerance(value) -> float:
     from k3infra.config import BenchmarkConfig
 
-    tol = BenchmarkConfig.model_fields["tolerance_pct"].default if value is None else value
-    if tol < 0:
-        raise UsageError(f"--tolerance-pct {tol}: must be >= 0")
-    return tol
+    return BenchmarkConfig.model_fields["tolerance_pct"].default if value is None else value
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -114,10 +122,6 @@ def _cost(args: argparse.Namespace) -> int:
     from k3infra.bench.cost import cost_rows
     from k3infra.bench.report import plot_cost, print_cost
 
-    if not args.node_rate > 0:
-        raise UsageError(f"--node-rate {args.node_rate}: must be a positive USD per hour")
-    if args.nodes < 1:
-        raise UsageError(f"--nodes {args.nodes}: must be >= 1")
     try:
         rows = cost_rows(_load(args.results), args.node_rate, args.nodes)
     except ValueError as exc:
@@ -132,10 +136,12 @@ def _cost(args: argparse.Namespace) -> int:
 
 
 def _receipt(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from k3infra.bench.receipt_writer import ReceiptInputs, ReceiptWriteError, write_receipt
+    from k3infra.bench.receipt_writer import (ReceiptInputs, ReceiptWriteError, StatefulSetFile,
+                                              write_receipt)
+    from k3infra.display import console
+    from k3infra.fileformats import FileFormatError, load_json
     from k3infra.receipt import load_receipt
+    from k3infra.weights import tree
 
     results = _load(args.results)
     inputs = ReceiptInputs(
@@ -145,28 +151,20 @@ def _receipt(args: argparse.Namespace) -> int:
         single_run=args.single_run)
     try:
         if args.statefulset:
-            inputs = inputs.with_statefulset(_read_json(args.statefulset))
+            inputs = inputs.with_statefulset(load_json(args.statefulset, "StatefulSet JSON",
+                                                       StatefulSetFile))
         if args.lock:
-            inputs = inputs.with_lock(_read_json(args.lock))
+            lock, _sha = tree.load_lock(str(args.lock))      # the one lock reader
+            inputs = inputs.with_lock(lock)
         written = write_receipt(load_receipt(args.base), results, inputs, args.out)
-    except ReceiptWriteError as exc:
+    except (ReceiptWriteError, FileFormatError, tree.LockError) as exc:
         raise UsageError(str(exc)) from None
-    console = Console()
+    except OSError as exc:               # the one output writer's refusal
+        raise UsageError(f"--out {exc.filename}: {exc.strerror}") from None
+    out = console()
     for path in written:
-        console.print(f"wrote {path}")
+        out.print(f"wrote {path}")
     return 0
-
-
-def _read_json(path: Path) -> dict:
-    import json
-
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: not a JSON object")
-    return data
 
 
 def _prompts(args: argparse.Namespace) -> int:
@@ -188,7 +186,7 @@ def _prompts(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from k3infra.display import console
 
     from k3infra.bench.fetch import FetchError, fetch_results
     from k3infra.live.cluster import ClusterError, KubeCluster, connect
@@ -200,7 +198,7 @@ def _fetch(args: argparse.Namespace) -> int:
     except (ClusterError, FetchError) as exc:
         raise UsageError(str(exc)) from None
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    Console().print(f"fetched {len(files)} files into {run_dir} (each checked against the "
+    console().print(f"fetched {len(files)} files into {run_dir} (each checked against the "
                     "run's SHA256SUMS); compare with: k3infra bench compare "
                     f"{run_dir}/run*-measured.json")
     return 0

@@ -27,15 +27,18 @@ def _number(text: str) -> Any:
         return text              # the field says what it accepts
 
 
-def mirrors(model: type, field: str, key: str) -> Callable[[str], Any]:
-    """The argparse type of a flag that sets what `key` (`model.field`) sets."""
-    from pydantic import ValidationError
-
+def mirrors(model: str, field: str, key: str) -> Callable[[str], Any]:
+    """The argparse type of a flag that sets what `key` sets: field `field` of the config
+    section `model` (a class name in k3infra.config, imported when a value is parsed)."""
     def parse(text: str) -> Any:
+        import k3infra.config as config
+        from pydantic import ValidationError
+
+        section = getattr(config, model)
         value = _number(text)
         try:
-            checked = model.__pydantic_validator__.validate_assignment(
-                model.model_construct(), field, value)
+            checked = section.__pydantic_validator__.validate_assignment(
+                section.model_construct(), field, value)
         except ValidationError as exc:
             message = exc.errors(include_url=False)[0]["msg"]
             raise argparse.ArgumentTypeError(f"{text[:40]!r}: {message} (as the stack key "
@@ -55,18 +58,71 @@ def seconds(text: str) -> float:
     return float(value)
 
 
-def count(text: str, least: int = 1) -> int:
-    """An integer from `least` to MAX_COUNT."""
-    value = _number(text)
-    if not isinstance(value, int) or not least <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be an integer from {least} to "
-                                         f"{MAX_COUNT}")
-    return value
+def count(text: str) -> int:
+    """An integer from 1 to MAX_COUNT."""
+    return count_from(1)(text)
 
 
-def count_from(least: int) -> Callable[[str], int]:
+def count_from(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:
+    """An integer from `least` to `most`."""
     def parse(text: str) -> int:
-        return count(text, least)
+        value = _number(text)
+        if not isinstance(value, int) or not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be an integer from {least} "
+                                             f"to {most}")
+        return value
 
     parse.__name__ = "count"
     return parse
+
+
+# ---- output paths: refused at parse time, before any work (podcommon.output_target) ----
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def output_file(text: str):
+    """A file the command writes: a regular file or a new one in an existing directory."""
+    from pathlib import Path
+
+    from k3infra.podcommon import output_target
+
+    try:
+        output_target(text)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
+    return Path(text)
+
+
+def figure_file(text: str):
+    """A --plot file: an output_file whose suffix names a format matplotlib writes."""
+    path = output_file(text)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"{text}: a figure is written as "
+                                         f"{', '.join(FIGURE_SUFFIXES)} (name the file so)")
+    return path
+
+
+def output_dir(text: str):
+    """A directory the command writes into (created with its parents, as `mkdir -p`): an
+    existing directory or a new one; never a file, a device or a link, and no existing
+    part of the path that is not a directory. The files in it are written by the one
+    output writer."""
+    import os
+    import stat
+    from pathlib import Path
+
+    path = Path(text)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = path.absolute().parent
+        while not os.path.lexists(parent):
+            parent = parent.parent
+        if not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: {parent} is not a directory") from None
+        return path
+    if not stat.S_ISDIR(st.st_mode):
+        raise argparse.ArgumentTypeError(f"{text}: not a directory (an output directory is an "
+                                         "existing directory or a new one)")
+    return path

@@ -10,12 +10,12 @@ as a Pending one, is a weights row), 2 when the cluster cannot be read.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from k3infra.naming import PROGRAM_INSTANCE
 from k3infra.cli import UsageError, add_cluster_args
+from k3infra.cli.bench import tolerance_pct
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fetch-dir", type=Path, default=Path("k3-bench-results"))
     parser.add_argument("--no-results", action="store_true",
                         help="skip the benchmark check (no benchmark deployed)")
-    parser.add_argument("--tolerance-pct", type=float, default=None)
+    parser.add_argument("--tolerance-pct", type=tolerance_pct, default=None,
+                        help="as bench compare's (bounded like k3:benchmark.tolerancePct)")
     parser.set_defaults(func=_verify)
 
 
@@ -109,32 +110,36 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
 
 
 def _json(text: Optional[str]) -> Optional[dict]:
+    """A marker or lock read from a pod (the weights volume's writers are not trusted):
+    podcommon's bounded JSON parser; anything else is no file."""
+    from k3infra.podcommon import JsonRefused, parse_json
+
     if text is None:
         return None
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = parse_json(text)
+    except JsonRefused:
         return None
     return data if isinstance(data, dict) else None
 
 
 def print_rows(rows, console=None) -> None:
-    from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    from k3infra.display import console as literal_console, styled
+
+    console = console or literal_console()
     table = Table(title="k3infra verify: live deployment vs receipt")
     for col in ("area", "check", "expected", "actual", ""):
         table.add_column(col, overflow="fold")
     for r in rows:
-        # Escaped: "[kimi-k3-0]" in a check's name is the pod, not rich markup.
-        table.add_row(*map(escape, (r.area, r.check, r.expected, r.actual)),
-                      "[green]ok[/]" if r.ok else "[bold red]DRIFT[/]")
+        # Literal: "[kimi-k3-0]" in a check's name is the pod, not rich markup.
+        table.add_row(r.area, r.check, r.expected, r.actual,
+                      styled(("ok", "green")) if r.ok else styled(("DRIFT", "bold red")))
     console.print(table)
     bad = [r for r in rows if not r.ok]
-    console.print("[green]no drift[/]" if not bad
-                  else f"[bold red]{len(bad)} check(s) drift from the receipt[/]")
+    console.print(styled(("no drift", "green")) if not bad
+                  else styled((f"{len(bad)} check(s) drift from the receipt", "bold red")))
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -145,10 +150,13 @@ def _verify(args: argparse.Namespace) -> int:
     receipt = load_receipt(args.receipt)
     lock = None
     if args.lock:
-        try:
-            lock = json.loads(args.lock.read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--lock {args.lock}: not a readable JSON lock ({exc})") from None
+        from k3infra.weights import tree
+
+        try:     # the one lock reader: bounded, typed, its digest recomputed
+            parsed, _sha = tree.load_lock(str(args.lock))
+        except tree.LockError as exc:
+            raise UsageError(f"--lock: {exc}") from None
+        lock = {"tree_digest": parsed.tree_digest, "revision": parsed.revision}
     try:
         if args.docker_host:
             from k3infra.host.inspect import DockerHost

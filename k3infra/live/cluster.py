@@ -16,6 +16,34 @@ JOB_SELECTOR = f"app.kubernetes.io/component={naming.BENCHMARK_COMPONENT}"
 READER_START_SECONDS = 300
 
 
+# What read_file runs in the container: the bounded reader's rule in a few lines (the
+# image has no k3infra): a regular file after a no-follow, non-blocking open (a FIFO or
+# a link to /dev/zero swapped in by whoever writes the volume never hangs or floods),
+# at most READ_MAX_BYTES. Exit 3: absent; 4: not a regular file, or larger.
+READ_MAX_BYTES = 64 << 20
+READ_SCRIPT = (
+    "import os, stat, sys\n"
+    "limit = int(sys.argv[2])\n"
+    "try:\n"
+    "    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)\n"
+    "except FileNotFoundError:\n"
+    "    sys.exit(3)\n"
+    "except OSError:\n"
+    "    sys.exit(4)\n"
+    "st = os.fstat(fd)\n"
+    "if not stat.S_ISREG(st.st_mode) or st.st_size > limit:\n"
+    "    sys.exit(4)\n"
+    "data = b''\n"
+    "while len(data) <= limit:\n"
+    "    chunk = os.read(fd, 1 << 20)\n"
+    "    if not chunk:\n"
+    "        break\n"
+    "    data += chunk\n"
+    "if len(data) > limit:\n"
+    "    sys.exit(4)\n"
+    "sys.stdout.write(data.decode('utf-8', 'replace'))\n")
+
+
 class ClusterError(RuntimeError):
     """The cluster could not be read as needed; the message says what and where."""
 
@@ -116,11 +144,10 @@ class KubeCluster:
         """A text file inside a running container; None when it does not exist."""
         from kubernetes.stream import stream
 
-        script = ("import sys\ntry: sys.stdout.write(open(sys.argv[1]).read())\n"
-                  "except FileNotFoundError: sys.exit(3)")
         resp = self._call(f"exec in pod {pod}", stream,
                           self.core.connect_get_namespaced_pod_exec, pod, self.namespace,
-                          container=container, command=["python3", "-c", script, path],
+                          container=container,
+                          command=["python3", "-c", READ_SCRIPT, path, str(READ_MAX_BYTES)],
                           stderr=True, stdin=False, stdout=True, tty=False,
                           _preload_content=False)
         resp.run_forever(timeout=60)
@@ -129,6 +156,9 @@ class KubeCluster:
         resp.close()
         if code == 3:
             return None
+        if code == 4:
+            raise ClusterError(f"{path} in pod {pod} is not a regular file of at most "
+                               f"{READ_MAX_BYTES} bytes (a link, a FIFO, a device or larger)")
         if code:
             raise ClusterError(f"reading {path} in pod {pod} failed (exit {code})")
         return out
