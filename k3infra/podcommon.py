@@ -69,6 +69,31 @@ def output_target(path) -> os.stat_result | None:
     return st
 
 
+def output_directory(path, create: bool = True) -> str:
+    """A directory outputs go into: an existing directory (not a link to one), or a new
+    one made with its missing parents (`mkdir -p`; `create=False` only checks that it
+    can be). OSError naming the path for a file, a device, a link or a non-directory on
+    the way."""
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise OSError(errno.ENOTDIR, f"{parent} is not a directory", path) from None
+        if create:
+            os.makedirs(path, exist_ok=True)
+        return path
+    if not stat.S_ISDIR(st.st_mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else
+                next((name for test, name in FILE_KINDS if test(st.st_mode)), "a regular file"))
+        raise OSError(errno.ENOTDIR, f"{kind}, not a directory (an output directory is an "
+                      "existing directory or a new one)", path)
+    return path
+
+
 def atomic_write(path, data: bytes) -> None:
     """The one output writer. Writes `data` to `path` so a reader sees the old file or
     the new one, never half: `path` must be a regular file or a new one in an existing

@@ -251,25 +251,32 @@ def _yaml_dumper():
 
 
 def write_render(render: Render, out: Path) -> list[Path]:
+    """plan.json and manifests/*.yaml into `out` (podcommon.output_directory: a directory,
+    never a link or a file), each file by the one output writer; OSError naming the path
+    that is refused."""
     import yaml
+
+    from k3infra.podcommon import atomic_write_text, output_directory
 
     manifests = render.manifests()
     manifests_dir = out / "manifests"
-    out.mkdir(parents=True, exist_ok=True)
-    if manifests_dir.is_dir():
+    output_directory(out)
+    if os.path.lexists(manifests_dir):
+        output_directory(manifests_dir)       # a link or a file there is refused
         for old in manifests_dir.glob("*.yaml"):
-            old.unlink()
+            if old.is_file() and not old.is_symlink():
+                old.unlink()
         # A render without Kubernetes objects (the Docker host) leaves no empty folder.
         if not manifests and not any(manifests_dir.iterdir()):
             manifests_dir.rmdir()
     if manifests:
-        manifests_dir.mkdir(exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(render.plan(), indent=2, sort_keys=False) + "\n")
+        output_directory(manifests_dir)
+    atomic_write_text(out / "plan.json", json.dumps(render.plan(), indent=2, sort_keys=False) + "\n")
     written = []
     for i, obj in enumerate(manifests, 1):
         name = obj.get("metadata", {}).get("name", "unnamed")
         path = manifests_dir / f"{i:03d}-{obj['kind'].lower()}-{name}.yaml"
         head = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
-        path.write_text(yaml.dump({**head, **obj}, Dumper=_yaml_dumper(), sort_keys=False))
+        atomic_write_text(path, yaml.dump({**head, **obj}, Dumper=_yaml_dumper(), sort_keys=False))
         written.append(path)
     return written

@@ -27,6 +27,7 @@ import pulumi
 from k3infra import gates, naming, topology
 from k3infra.config import ConfigError, StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
+from k3infra.engine.component import engine_recipe
 from k3infra.gateway.auth import key_policy_note
 from k3infra.gateway.picker import picker_gates
 from k3infra.hbm import hbm_fit
@@ -130,6 +131,7 @@ class K3ServingStack(pulumi.ComponentResource):
         lock = load_stack_lock(receipt, cfg, check_revision=not inputs.is_wired("weightsRevision"))
         lock_holder["lock"] = lock
         plan = resolve_engine(receipt, cfg)   # k3:engine / k3:profile refusals, before anything
+        engine_recipe(plan, cfg)              # k3:engine.recipeDir read and checked, likewise
         if (not owns_namespace and plan.mode == "in-cluster"
                 and cfg.engine.build_namespace is None):
             # The build namespace is always created by the instance: the default derived

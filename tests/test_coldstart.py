@@ -351,7 +351,7 @@ def test_startup_off_cluster_refuses_bad_input_in_one_line(tmp_path, capsys):
     log.write_text(LOG)
     assert main(["startup", "--log", str(log), "--budget", "{load"]) == 2
     out = capsys.readouterr().out
-    assert "--budget '{load': not JSON" in out and "Traceback" not in out
+    assert "--budget '{load': not a usable startup budget: not JSON" in out and "Traceback" not in out
     assert main(["startup", "--log", str(log), "--started", "yesterday"]) == 2
     assert "--started 'yesterday': not an RFC 3339 time" in capsys.readouterr().out
     assert main(["startup", "--log", str(tmp_path / "missing.log")]) == 2

@@ -416,11 +416,13 @@ def test_bad_engine_config_fails_before_any_registration():
 
 
 def test_missing_recipe_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(EngineBuildError) as err:
+    with pytest.raises(ec.RecipeError) as err:
         ec.find_recipe_dir(str(tmp_path))
-    assert str(err.value) == (f"no engine recipe (Dockerfile) at {tmp_path}: set "
-                              "k3:engine.recipeDir or pass recipeDir (a directory with a "
-                              "Dockerfile and its build.lock and runtime.lock)")
+    assert str(err.value) == (f"k3:engine.recipeDir = '{tmp_path}': no engine recipe "
+                              f"(Dockerfile) in {tmp_path}: a recipe is a directory with a "
+                              "Dockerfile and its build.lock and runtime.lock")
+    with pytest.raises(ec.RecipeError, match="is not a directory"):
+        ec.find_recipe_dir(str(tmp_path / "absent"))
 
 
 def test_the_recipe_is_never_looked_up_from_the_working_directory(tmp_path, monkeypatch):
@@ -458,15 +460,15 @@ def test_a_recipe_of_your_own_is_its_dockerfile_and_locks(tmp_path):
     assert ec.find_recipe_dir(str(tmp_path)) == tmp_path
     (tmp_path / "runtime.lock").unlink()
     os.mkfifo(tmp_path / "runtime.lock")
-    with pytest.raises(ec.EngineBuildError) as err:
+    with pytest.raises(ec.RecipeError) as err:       # a ConfigError: one line, the key named
         ec.recipe_files(tmp_path)
-    assert str(err.value) == (f"{tmp_path}/runtime.lock: not a regular file (a link, a "
-                              "directory or a special file); a recipe is plain files")
+    assert str(err.value) == (f"k3:engine.recipeDir = '{tmp_path}': {tmp_path}/runtime.lock: "
+                              "a FIFO, not a regular file (a recipe is plain files)")
     (tmp_path / "runtime.lock").unlink()
     (tmp_path / "runtime.lock").symlink_to("/etc/passwd")
-    with pytest.raises(ec.EngineBuildError, match="not a regular file"):
+    with pytest.raises(ec.RecipeError, match="a symbolic link, not a regular file"):
         ec.recipe_files(tmp_path)
     (tmp_path / "runtime.lock").unlink()
     (tmp_path / "runtime.lock").write_text("x" * (ec.MAX_RECIPE_BYTES + 1))
-    with pytest.raises(ec.EngineBuildError, match="fit the context ConfigMap"):
+    with pytest.raises(ec.RecipeError, match="fit the context ConfigMap"):
         ec.recipe_files(tmp_path)

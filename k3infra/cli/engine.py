@@ -53,11 +53,11 @@ def _build_args(a: argparse.Namespace) -> int:
 
 
 def _plan(a: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from k3infra.cli import UsageError
     from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.display import console, styled
     from k3infra.engine.plan import resolve_engine
     from k3infra.receipt import load_receipt
     from k3infra.render import load_config, project_root
@@ -69,10 +69,10 @@ def _plan(a: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
     table = Table(title=f"engine: stack {a.stack}", show_header=False)
-    table.add_row("label", plan.label if plan.measured else f"[bold red]{plan.label}[/bold red]")
+    table.add_row("label", plan.label if plan.measured else styled((plan.label, "bold red")))
     table.add_row("mode", plan.mode)
     table.add_row("image", plan.image or f"{plan.tagged_ref} -> pushed digest at `pulumi up`")
     for key, value in plan.build_args.items():
         table.add_row(f"build-arg {key}", value)
-    Console().print(table)
+    console().print(table)
     return 0

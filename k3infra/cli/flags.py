@@ -104,25 +104,15 @@ def figure_file(text: str):
 
 
 def output_dir(text: str):
-    """A directory the command writes into (created with its parents, as `mkdir -p`): an
-    existing directory or a new one; never a file, a device or a link, and no existing
-    part of the path that is not a directory. The files in it are written by the one
-    output writer."""
-    import os
-    import stat
+    """A directory the command writes into (podcommon.output_directory: an existing
+    directory or a new one made with its parents, never a file, a device or a link); the
+    files in it are written by the one output writer."""
     from pathlib import Path
 
-    path = Path(text)
+    from k3infra.podcommon import output_directory
+
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        parent = path.absolute().parent
-        while not os.path.lexists(parent):
-            parent = parent.parent
-        if not parent.is_dir():
-            raise argparse.ArgumentTypeError(f"{text}: {parent} is not a directory") from None
-        return path
-    if not stat.S_ISDIR(st.st_mode):
-        raise argparse.ArgumentTypeError(f"{text}: not a directory (an output directory is an "
-                                         "existing directory or a new one)")
-    return path
+        output_directory(text, create=False)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
+    return Path(text)

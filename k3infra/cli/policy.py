@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -20,25 +19,29 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from k3infra.cli import UsageError
-    from k3infra.policies.runner import check_plan, load_plan
+    from k3infra.display import console as literal_console, styled
+    from k3infra.policies.runner import (PolicyRunError, check_plan, load_plan,
+                                         load_policy_config)
 
     pack_config = None
     if args.policy_config is not None:
         try:
-            pack_config = json.loads(args.policy_config.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"--policy-config {args.policy_config}: {exc}") from None
+            pack_config = load_policy_config(args.policy_config)
+        except ValueError as exc:      # FileFormatError: the file and the field, one line
+            raise UsageError(f"--policy-config {exc}") from None
     try:
         plan = load_plan(args.dir)
         report = check_plan(plan, pack_config=pack_config)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    except PolicyRunError as exc:
+        # A plan no render writes can make a policy raise: refused, never a pass.
+        raise UsageError(f"{args.dir}: not a plan the pack can judge ({exc})"[:2000]) from None
 
-    console = Console()
+    console = literal_console()
     title = (f"k3infra policy check: stack {report.stack or '?'} — {len(report.policies)} "
              f"policies over {report.resources} resources")
     if report.findings:
@@ -49,7 +52,7 @@ def _check(args: argparse.Namespace) -> int:
         table.add_column("message", ratio=1)
         for f in sorted(report.findings, key=lambda f: (f.level != "mandatory", f.policy)):
             style = "bold red" if f.level == "mandatory" else "yellow"
-            table.add_row(f.policy, f"[{style}]{f.level}[/{style}]", f.resource, f.message)
+            table.add_row(f.policy, styled((f.level, style)), f.resource, f.message)
         console.print(table)
     else:
         console.print(f"{title}: no violations")
@@ -57,16 +60,16 @@ def _check(args: argparse.Namespace) -> int:
     console.print(f"{len(mandatory)} mandatory, {len(report.advisory)} advisory violation(s)")
     if mandatory:
         names = sorted({f.policy for f in mandatory})
-        console.print(f"[bold red]FAILED[/bold red]: {', '.join(names)}")
+        console.print(styled(("FAILED", "bold red"), f": {', '.join(names)}"))
         return 1
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
     from pulumi_policy import StackValidationPolicy
 
+    from k3infra.display import console
     from k3infra.policies import POLICIES, level
 
     table = Table(title="k3infra policy pack", show_lines=True)
@@ -77,5 +80,5 @@ def _list(args: argparse.Namespace) -> int:
         config = ", ".join(p.config_schema.properties) if p.config_schema else "-"
         scope = "stack" if isinstance(p, StackValidationPolicy) else "resource"
         table.add_row(p.name, f"{level(p).value}\n{scope}\nconfig: {config}", p.description)
-    Console().print(table)
+    console().print(table)
     return 0

@@ -13,16 +13,17 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from k3infra.display import console as literal_console, styled
+    from k3infra.fileformats import read_text
     from k3infra.receipt import chosen_receipt_path, load_receipt
 
     r = load_receipt(args.file)          # a bad file: one line (ReceiptError), not a traceback
     if args.yaml:
-        print(open(args.file or chosen_receipt_path()).read(), end="")
+        print(read_text(args.file or chosen_receipt_path(), "receipt"), end="")
         return 0
-    console = Console()
+    console = literal_console()
     pins = Table(title=f"receipt {r.id} (measured {r.measured_on})", show_header=False)
     pins.add_row("model", f"{r.model.repo} ({r.model.quantization})")
     pins.add_row("weights", f"{r.model.shards} shards, {r.model.size_gb} GB, tree {r.model.tree_digest}")
@@ -42,7 +43,7 @@ def _show(args: argparse.Namespace) -> int:
         pins.add_row(f"measured c={m.concurrency}", f"{m.metric} p50 {m.p50_ms:g} ms / p99 {m.p99_ms:g} ms")
     pins.add_row("licence", f"{r.license.name}: {r.license.thresholds_text()}")
     console.print(pins)
-    console.print("[bold]Not measured[/bold] (never implied):")
+    console.print(styled(("Not measured", "bold"), " (never implied):"))
     for item in r.not_measured:
         console.print(f"  - {item}")
     return 0

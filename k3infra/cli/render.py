@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from k3infra.cli import flags
 
 
 DEFAULT_STACK = "existing"
@@ -14,25 +15,26 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"stacks/Pulumi.<stack>.yaml (default: {DEFAULT_STACK})")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="override a k3:* key (dotted paths for objects); repeatable")
-    parser.add_argument("--out", type=Path,
-                        help="output directory (default: build/render/<stack>)")
+    parser.add_argument("--out", type=flags.output_dir,
+                        help="output directory (default: build/render/<stack>); a directory "
+                        "or a new one, never a file or a link")
     parser.set_defaults(func=_render)
 
 
 def _render(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from rich.console import Console
     from rich.table import Table
 
     from k3infra.cli import UsageError
     from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.display import console as literal_console, styled
     from k3infra.hbm import HbmError
     from k3infra.render import project_root, render_stack, write_render
     from k3infra.receipt import load_receipt
     from k3infra.summary import summary_rows
 
-    console = Console()
+    console = literal_console()
     try:
         root = project_root()
         args.out = args.out or root / "build" / "render" / args.stack
@@ -73,7 +75,7 @@ def _render(args: argparse.Namespace) -> int:
                     if res["type"] == "kubernetes:helm.sh/v4:Chart" else res["name"])
             console.print(f"node pool: {res['type']} {what}")
     for warning in render.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(styled(("warning:", "yellow"), f" {warning}"))
     console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
                   f"{args.out / 'manifests'}")
     return 0
@@ -82,6 +84,7 @@ def _render(args: argparse.Namespace) -> int:
 def _render_host(console, args, render, cfg, receipt, root) -> int:
     from rich.table import Table
 
+    from k3infra.display import styled
     from k3infra.host import report
     from k3infra.summary import summary_rows
     from k3infra.weights.lockcheck import load_stack_lock
@@ -100,9 +103,9 @@ def _render_host(console, args, render, cfg, receipt, root) -> int:
     console.print(containers)
     lock = load_stack_lock(receipt, cfg, root)
     for line in report.preflight_lines(cfg, receipt, lock.total_bytes if lock else None):
-        console.print(f"preflight {line}", highlight=False)
+        console.print(f"preflight {line}")
     for warning in render.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(styled(("warning:", "yellow"), f" {warning}"))
     plan = report.render_plan(receipt, cfg, render, lock.text if lock else None)
     compose = report.write_compose(plan, receipt, cfg, args.out)
     console.print(f"wrote {args.out / 'plan.json'} and {compose}")

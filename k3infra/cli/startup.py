@@ -13,10 +13,9 @@ cluster or a file cannot be read.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from k3infra.cli import add_cluster_args
+from k3infra.cli import add_cluster_args, flags
 from k3infra.naming import PROGRAM_INSTANCE
 
 
@@ -33,26 +32,24 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with --log: the startup-budget annotation's JSON (or @FILE)")
     parser.add_argument("--started", help="with --log: the container's start (RFC 3339)")
     parser.add_argument("--scheduled", help="with --log: the pod's scheduling (RFC 3339)")
-    parser.add_argument("--restarts", type=int, default=0,
+    parser.add_argument("--restarts", type=flags.count_from(0, 10 ** 9), default=0,
                         help="with --log: the container's restart count (0: a first start)")
     add_cluster_args(parser)
     parser.set_defaults(func=_startup)
 
 
 def _startup(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-
     from k3infra.cli import UsageError
+    from k3infra.display import console as literal_console, styled
 
-    console = Console()
+    console = literal_console()
     if args.log is not None:
         try:
             pods, logs = _off_cluster(args)
-        except (OSError, ValueError) as exc:
-            console.print(f"[red]k3infra startup:[/red] {escape(str(exc))}")
+            return _report(console, pods, logs)
+        except (OSError, ValueError) as exc:     # FileFormatError included: one line
+            console.print(styled(("k3infra startup:", "red"), f" {exc}"), soft_wrap=True)
             return 2
-        return _report(console, pods, logs)
     for flag in ("pod_json", "budget", "started", "scheduled"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} needs --log FILE (off a cluster)")
@@ -69,28 +66,33 @@ def _startup(args: argparse.Namespace) -> int:
         logs = {p["metadata"]["name"]: cluster.container_log(
             p["metadata"]["name"], SERVING_CONTAINER, previous=args.previous) for p in pods}
     except ClusterError as exc:
-        console.print(f"[red]k3infra startup:[/red] {escape(str(exc))}")
+        console.print(styled(("k3infra startup:", "red"), f" {exc}"), soft_wrap=True)
         return 2
-    return _report(console, pods, logs)
+    try:
+        return _report(console, pods, logs)
+    except ValueError as exc:          # a pod the API served that is not one (FileFormatError)
+        console.print(styled(("k3infra startup:", "red"), f" {exc}"), soft_wrap=True)
+        return 2
 
 
 def _off_cluster(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
-    from k3infra.serving.timeline import off_cluster_pod, parse_time
+    from k3infra.fileformats import FileFormatError, load_json, read_text
+    from k3infra.serving.timeline import PodFile, budgets_of, off_cluster_pod, parse_time
 
-    log = args.log.read_text(encoding="utf-8", errors="replace")
+    # The one bounded reader: a FIFO or /dev/zero as --log is refused at once.
+    log = read_text(args.log, "container log", lenient=True)
     if args.pod_json is not None:
-        try:
-            pod = json.loads(args.pod_json.read_text())
-        except ValueError as exc:
-            raise ValueError(f"{args.pod_json}: not a pod's JSON ({exc})") from None
+        pod = load_json(args.pod_json, "pod JSON", PodFile).model_dump()
     else:
         budgets = None
         if args.budget is not None:
-            text = Path(args.budget[1:]).read_text() if args.budget.startswith("@") else args.budget
+            source = args.budget[1:] if args.budget.startswith("@") else "--budget"
+            text = read_text(source, "startup budget") if source != "--budget" else args.budget
             try:
-                budgets = json.loads(text)
-            except ValueError:
-                raise ValueError(f"--budget {args.budget!r}: not JSON; accepted: the "
+                budgets = budgets_of(text, source)
+            except FileFormatError as exc:
+                shown = repr(args.budget[:60]) if source == "--budget" else source
+                raise ValueError(f"--budget {shown}: {exc.problem}; accepted: the "
                                  "k3infra.dev/startup-budget annotation, e.g. "
                                  '\'{"load": 1561, "engine": 3751}\'') from None
         for flag in ("started", "scheduled"):
@@ -103,14 +105,15 @@ def _off_cluster(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
                                      "(2026-12-01T10:00:00.123Z)") from None
         pod = off_cluster_pod(budgets, started=args.started, scheduled=args.scheduled,
                               restarts=args.restarts)
-    pod.setdefault("metadata", {}).setdefault("name", args.log.name)
-    return [pod], {pod["metadata"]["name"]: log}
+    meta = pod.setdefault("metadata", {})
+    meta["name"] = meta.get("name") or args.log.name
+    return [pod], {meta["name"]: log}
 
 
 def _report(console, pods: list[dict], logs: dict[str, str]) -> int:
-    from rich.markup import escape
     from rich.table import Table
 
+    from k3infra.display import styled
     from k3infra.serving.timeline import timeline
 
     over = False
@@ -123,13 +126,11 @@ def _report(console, pods: list[dict], logs: dict[str, str]) -> int:
         table = Table("phase", "started (UTC)", "took s", "budget s", "verdict",
                       title=f"cold start of {name}" + (f", {' / '.join(days)}" if days else ""))
         for row in rows:
-            table.add_row(*(escape(c) for c in (row[0], row[1][11:-1] if row[1] != "-" else "-",
-                                                 *row[2:])))
+            table.add_row(row[0], row[1][11:-1] if row[1] != "-" else "-", *row[2:])
             over = over or row[4].endswith("OVER")
         console.print(table)
-        console.print(f"compile cache: {escape(t.compile_cache)}; key "
-                      f"{escape(t.cache_key or 'not recorded')}")
+        console.print(f"compile cache: {t.compile_cache}; key {t.cache_key or 'not recorded'}")
         if t.gate_failed:
-            console.print("[red]the weights gate refused the tree on this start[/red]")
+            console.print(styled(("the weights gate refused the tree on this start", "red")))
             over = True
     return 1 if over else 0

@@ -12,13 +12,14 @@
 """
 from __future__ import annotations
 
-import stat
+import errno
+import os
 from pathlib import Path
 from typing import Any, Optional, TypedDict, Union
 
 import pulumi
 
-from k3infra.config import StackConfig
+from k3infra.config import ConfigError, StackConfig
 from k3infra.engine import manifests as em
 from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resolve_engine
 from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
@@ -27,6 +28,7 @@ from k3infra import naming, podfiles
 from k3infra.gates import PLACEHOLDER_HEX, enforce
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_manifest, child_options
+from k3infra.podcommon import read_regular
 from k3infra.receipt import Receipt
 
 # Files of images/ the Dockerfile uses: the helper and the hash-locked requirements.
@@ -55,7 +57,16 @@ PACKAGED_RECIPE = Path(__file__).resolve().parent / "recipe"
 CHECKOUT_RECIPE = Path(__file__).resolve().parents[2] / "images"
 
 
-def find_recipe_dir(explicit: Optional[str] = None) -> Path:
+class RecipeError(ConfigError):
+    """k3:engine.recipeDir (or recipeDir) names no usable recipe: one line naming the key,
+    the value and why, raised before anything is created (a ConfigError, so `k3infra
+    render` and the program print it as every other refused key)."""
+
+    def __init__(self, value: Any, problem: str, key: str = "k3:engine.recipeDir"):
+        super().__init__(key, value, problem)
+
+
+def find_recipe_dir(explicit: Optional[str] = None, key: str = "k3:engine.recipeDir") -> Path:
     """The engine recipe: `explicit` (recipeDir), else the one shipped in the package,
     else a checkout's images/ beside the package. Never looked up from the working
     directory: an unrelated images/ there must not become the engine."""
@@ -64,10 +75,13 @@ def find_recipe_dir(explicit: Optional[str] = None) -> Path:
     else:
         found = next((c for c in (PACKAGED_RECIPE, CHECKOUT_RECIPE)
                       if (c / "Dockerfile").is_file()), PACKAGED_RECIPE)
-    if not (found / "Dockerfile").is_file():
-        raise EngineBuildError(f"no engine recipe (Dockerfile) at {found}: set "
-                               "k3:engine.recipeDir or pass recipeDir (a directory with a "
-                               "Dockerfile and its build.lock and runtime.lock)")
+    if not found.is_dir():
+        raise RecipeError(explicit or str(found), "is not a directory (a recipe is a directory "
+                          "with a Dockerfile and its build.lock and runtime.lock)", key)
+    if not os.path.lexists(found / "Dockerfile"):
+        raise RecipeError(explicit or str(found), f"no engine recipe (Dockerfile) in {found}: "
+                          "a recipe is a directory with a Dockerfile and its build.lock and "
+                          "runtime.lock", key)
     return found
 
 
@@ -75,29 +89,46 @@ def find_recipe_dir(explicit: Optional[str] = None) -> Path:
 MAX_RECIPE_BYTES = 900 * 1024
 
 
-def recipe_files(recipe: Path) -> dict[str, str]:
+def recipe_files(recipe: Path, key: str = "k3:engine.recipeDir") -> dict[str, str]:
     """The recipe's files (RECIPE_FILES that exist: a missing lock is refused by
-    lock_gates, the helper is optional in a recipe of your own). Only regular files are
-    read: a FIFO or a device would hang the program, a link could point anywhere."""
+    lock_gates, the helper is optional in a recipe of your own), read by the one bounded
+    reader: only regular files, no link followed (a FIFO would hang the program, a link
+    could point anywhere), at most MAX_RECIPE_BYTES in all, UTF-8; RecipeError else."""
     files: dict[str, str] = {}
+    left = MAX_RECIPE_BYTES
     for name in RECIPE_FILES:
         path = recipe / name
-        try:
-            mode = path.lstat().st_mode
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             continue
-        if not stat.S_ISREG(mode):
-            raise EngineBuildError(f"{path}: not a regular file (a link, a directory or a "
-                                   "special file); a recipe is plain files")
         try:
-            files[name] = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EngineBuildError(f"{path}: cannot be read as UTF-8 text ({exc})") from None
-    size = sum(len(text.encode()) for text in files.values())
-    if size > MAX_RECIPE_BYTES:
-        raise EngineBuildError(f"{recipe}: the recipe's files are {size} bytes; at most "
-                               f"{MAX_RECIPE_BYTES} fit the context ConfigMap")
+            raw = read_regular(str(path), left)
+        except OSError as exc:
+            if exc.errno == errno.EFBIG:
+                raise RecipeError(str(recipe), f"the recipe's files are more than "
+                                  f"{MAX_RECIPE_BYTES} bytes; at most {MAX_RECIPE_BYTES} fit "
+                                  "the context ConfigMap", key) from None
+            raise RecipeError(str(recipe), f"{path}: {exc.strerror or exc} (a recipe is "
+                              "plain files)", key) from None
+        try:
+            files[name] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RecipeError(str(recipe), f"{path}: not UTF-8 text", key) from None
+        left -= len(raw)
     return files
+
+
+def engine_recipe(plan: EnginePlan, cfg: StackConfig, explicit: Optional[str] = None
+                  ) -> Optional[tuple[Path, dict[str, str]]]:
+    """(directory, files) of the recipe this engine plan builds from, read and checked
+    (find_recipe_dir, recipe_files), or None when it builds from none (prebuilt, git).
+    Called before anything is created: by K3ServingStack and by EngineBuild."""
+    uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
+                                           and cfg.engine.context == "configmap")
+    if not uses_recipe:
+        return None
+    key = "recipeDir" if explicit else "k3:engine.recipeDir"
+    recipe = find_recipe_dir(explicit or cfg.engine.recipe_dir, key)
+    return recipe, recipe_files(recipe, key)
 
 
 def lock_gates(recipe: Optional[Path]) -> list:
@@ -157,10 +188,8 @@ class EngineBuild(pulumi.ComponentResource):
         self.offline_render = bool(args.get("offlineRender"))
         if not args.get("gatesEnforced"):
             enforce(engine_gates(cfg), self.offline_render)
-        uses_recipe = plan.mode == "local" or (plan.mode == "in-cluster"
-                                               and cfg.engine.context == "configmap")
-        recipe = (find_recipe_dir(args.get("recipeDir") or cfg.engine.recipe_dir)
-                  if uses_recipe else None)
+        found = engine_recipe(plan, cfg, args.get("recipeDir"))
+        recipe, self._recipe_files = found if found is not None else (None, {})
         enforce(lock_gates(recipe), self.offline_render)
         super().__init__("k3infra:index:EngineBuild", name, None, opts)
         self._opts = opts
@@ -197,7 +226,7 @@ class EngineBuild(pulumi.ComponentResource):
                     recipe: Optional[Path]) -> pulumi.Output[BuildResult]:
         import pulumi_kubernetes as k8s
 
-        context = recipe_files(recipe) if recipe is not None else {}
+        context = self._recipe_files
         scripts = job_files()
         names = em.BuildNames(args.get("base", naming.APP), build_namespace(cfg),
                               em.build_hash(plan, cfg, context, scripts))
@@ -252,7 +281,7 @@ class EngineBuild(pulumi.ComponentResource):
 
         # The project directory (Pulumi runs programs there), never inside the package.
         export_root = Path(args.get("exportDir") or Path.cwd() / "build" / "engine")
-        export = export_root / f"wheel-{em.recipe_hash(plan, recipe_files(recipe))}"
+        export = export_root / f"wheel-{em.recipe_hash(plan, self._recipe_files)}"
         context = docker_build.BuildContextArgs(location=str(recipe))
         dockerfile = docker_build.DockerfileArgs(location=str(recipe / "Dockerfile"))
         # A registry cache only in its own repository (k3:engine.cacheRegistry).

@@ -75,16 +75,20 @@ def write_compose(plan: HostPlan, receipt: Receipt, cfg: StackConfig, out: Path)
     header = {"receipt": receipt.id, "profile": cfg.profile,
               "weightsRevision": cfg.weights_revision, "treeDigest": receipt.model.tree_digest,
               "serveCommand": " ".join(plan.serve_command)}
+    from k3infra.podcommon import atomic_write_text, output_directory
+
     path = out / COMPOSE_FILE
-    path.write_text(compose_yaml(plan, header))
+    atomic_write_text(path, compose_yaml(plan, header))     # the one output writer
     # The configs' files, read-only (Compose bind-mounts them as they are); the folder
-    # is written anew, so no file of an earlier render is mounted.
+    # is written anew, so no file of an earlier render is mounted. A link or a file in
+    # its place is refused, never followed or replaced.
     configs = out / CONFIG_DIR
+    output_directory(configs, create=False)
     shutil.rmtree(configs, ignore_errors=True)
-    configs.mkdir(parents=True)
+    output_directory(configs)
     for rel, content in config_files(plan).items():
         f = out / rel
-        f.write_text(content)
+        atomic_write_text(f, content)
         f.chmod(0o444)
     return path
 

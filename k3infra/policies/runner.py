@@ -11,14 +11,18 @@ the stack's `k3:*` config is loaded into `pulumi.runtime` as the analyzer proces
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from inspect import isawaitable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
+
+from pydantic import Field, RootModel
+
+from k3infra.fileformats import FileModel, Text, load_json, validate
 
 from pulumi_policy import (EnforcementLevel, Policy, PolicyCustomTimeouts, PolicyResource,
                            PolicyResourceOptions, ResourceValidationArgs,
@@ -63,17 +67,45 @@ class Report:
 
 # --- plan and config --------------------------------------------------------------------
 
+class _PlanResource(FileModel):
+    type: Text(512)
+    name: Text(1024)
+    urn: Text(4096)
+    parent: Optional[Text(4096)] = None
+    inputs: Optional[dict[Text(1024), Any]] = None
+    dependsOn: Optional[list[Text(4096)]] = Field(default=None, max_length=100_000)
+    customTimeouts: Optional[dict[Text(64), Optional[Text(64)]]] = None
+
+
+class PlanFile(FileModel):
+    """plan.json of `k3infra render --out` (docs/policy.md): the keys the runner reads."""
+
+    stack: Text(256) = ""
+    config: dict[Text(1024), Any] = Field(default_factory=dict, max_length=10_000)
+    resources: list[_PlanResource] = Field(max_length=100_000)
+
+
+class PolicyConfigFile(RootModel):
+    """`--policy-config`: `{"<policy>"|"all": "<level>" | {"enforcementLevel": ..., ...}}`."""
+
+    root: dict[Text(256), Union[Text(64), dict[Text(256), Any]]] = Field(max_length=1024)
+
+
 def load_plan(path: Path) -> dict:
-    """plan.json of a render directory (or the file itself)."""
+    """plan.json of a render directory (or the file itself): the one bounded reader and
+    the PlanFile model (k3infra.fileformats); FileFormatError (a ValueError) in one line."""
     path = Path(path)
     file = path / "plan.json" if path.is_dir() else path
-    if not file.is_file():
+    if not os.path.lexists(file):
         raise FileNotFoundError(f"{path}: no plan.json (write one with `k3infra render "
                                 "--stack NAME --out DIR`)")
-    plan = json.loads(file.read_text())
-    if not isinstance(plan, dict) or not isinstance(plan.get("resources"), list):
-        raise ValueError(f"{file}: not a k3infra plan (needs a 'resources' list)")
+    plan = load_json(file, "render plan")
+    validate(plan, PlanFile, file)
     return plan
+
+
+def load_policy_config(path: Path) -> dict:
+    return dict(load_json(path, "policy config", PolicyConfigFile).root)
 
 
 @dataclass(frozen=True)

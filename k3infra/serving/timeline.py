@@ -20,10 +20,70 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Optional
+from typing import Any, Optional
 
+from pydantic import Field, RootModel
+
+from k3infra.fileformats import Count, FileFormatError, FileModel, Text, json_value, validate
 from k3infra.serving.start import CACHE_PREFIX, PHASE_PREFIX
 from k3infra.serving.startup import BUDGET_ANNOTATION
+
+# ---- what is read, typed: the startup-budget annotation and a pod's JSON ----------------
+# A phase's budget: whole seconds, at most a week (k3infra.fieldtypes.Seconds).
+MAX_BUDGET_SECONDS = 7 * 86400
+
+
+class StartupBudget(RootModel):
+    """The `k3infra.dev/startup-budget` annotation: {phase: whole seconds}."""
+
+    root: dict[Text(64), Count(MAX_BUDGET_SECONDS)] = Field(max_length=64)
+
+
+class _Meta(FileModel):
+    name: Text(253) = ""
+    annotations: Optional[dict[Text(317), Text(1 << 18)]] = None
+
+
+class _Started(FileModel):
+    startedAt: Optional[Text(64)] = None
+
+
+class _State(FileModel):
+    running: Optional[_Started] = None
+    terminated: Optional[_Started] = None
+
+
+class _ContainerStatus(FileModel):
+    name: Text(253)
+    restartCount: Optional[Count(10 ** 9)] = None
+    state: Optional[_State] = None
+
+
+class _Condition(FileModel):
+    type: Text(128)
+    lastTransitionTime: Optional[Text(64)] = None
+
+
+class _Status(FileModel):
+    containerStatuses: Optional[list[_ContainerStatus]] = Field(default=None, max_length=256)
+    conditions: Optional[list[_Condition]] = Field(default=None, max_length=256)
+
+
+class PodFile(FileModel):
+    """A pod as `kubectl get pod -o json` prints it (and the API serves it): the fields
+    the timeline reads."""
+
+    metadata: _Meta = _Meta()
+    status: Optional[_Status] = None
+
+
+def budgets_of(text: str, source: str) -> dict[str, int]:
+    """The startup-budget annotation's JSON, bounded and typed; FileFormatError else."""
+    return dict(validate(json_value(text, source, "startup budget"), StartupBudget, source).root)
+
+
+def pod_of(data: Any, source: str = "the pod") -> PodFile:
+    return data if isinstance(data, PodFile) else validate(data, PodFile, source)
 
 # The measured phases, in order, each (name, start mark, end mark). vLLM's own start-up
 # (imports, engine core and worker processes, device init) runs from the engine's start
@@ -60,7 +120,9 @@ _VLLM_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d)
 
 
 def parse_time(text: str) -> datetime:
-    """RFC 3339 as the API serves it (nanoseconds cut to microseconds)."""
+    """RFC 3339 as the API serves it (nanoseconds cut to microseconds); ValueError else."""
+    if not isinstance(text, str) or len(text) > 64:
+        raise ValueError(f"{str(text)[:64]!r}: not an RFC 3339 time")
     text = text.strip().replace("Z", "+00:00")
     m = re.match(r"^(.*T\d\d:\d\d:\d\d)(\.\d+)?(.*)$", text)
     if m:
@@ -136,22 +198,28 @@ def verdict(took: Optional[float], budget: Optional[int]) -> str:
     return f"{share:.0%} of budget" + (" OVER" if took > budget else "")
 
 
-def _container_start(status: dict, container: str) -> tuple[Optional[str], int]:
+def _pod_time(text: str, where: str, what: str) -> datetime:
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise FileFormatError(where, f"{what} {text[:64]!r} is not an RFC 3339 time") from None
+
+
+def _container_start(status: _Status, container: str) -> tuple[Optional[str], int]:
     """(when the container's current run started, its restart count)."""
-    for cs in status.get("containerStatuses") or []:
-        if cs.get("name") != container:
+    for cs in status.containerStatuses or []:
+        if cs.name != container or cs.state is None:
             continue
-        state = cs.get("state") or {}
-        for key in ("running", "terminated"):
-            if (state.get(key) or {}).get("startedAt"):
-                return state[key]["startedAt"], int(cs.get("restartCount") or 0)
+        for run in (cs.state.running, cs.state.terminated):
+            if run is not None and run.startedAt:
+                return run.startedAt, cs.restartCount or 0
     return None, 0
 
 
 def _line_time(stamp: str, text: str, year: Optional[int]) -> Optional[datetime]:
     """When a log line was written: the log's own timestamp (`kubectl logs --timestamps`,
     sub-second), else vLLM's stamp (whole seconds) in the year of the start's k3-phase
-    lines, else None."""
+    lines, else None (a stamp that is no date, such as 13-45, too)."""
     try:
         return parse_time(stamp)
     except ValueError:
@@ -160,7 +228,10 @@ def _line_time(stamp: str, text: str, year: Optional[int]) -> Optional[datetime]
     if m is None or year is None:
         return None
     month, day, hh, mm, ss = (int(g) for g in m.groups())
-    return datetime(year, month, day, hh, mm, ss, tzinfo=timezone.utc)
+    try:
+        return datetime(year, month, day, hh, mm, ss, tzinfo=timezone.utc)
+    except ValueError:
+        return None
 
 
 def timeline(pod: dict, log: str, container: str = "vllm", year: Optional[int] = None) -> Timeline:
@@ -170,17 +241,21 @@ def timeline(pod: dict, log: str, container: str = "vllm", year: Optional[int] =
     that holds several starts (a host's file) gives the last one, from its gate line.
     `year`: for vLLM's stamps when neither the pod nor a k3-phase line gives one."""
     t = Timeline()
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    view = pod_of(pod)
+    where = f"pod {view.metadata.name or '(unnamed)'}"
+    annotations = view.metadata.annotations or {}
     if annotations.get(BUDGET_ANNOTATION):
-        t.budgets = {k: int(v) for k, v in json.loads(annotations[BUDGET_ANNOTATION]).items()}
-    status = pod.get("status") or {}
+        t.budgets = budgets_of(annotations[BUDGET_ANNOTATION],
+                               f"{where}: annotation {BUDGET_ANNOTATION}")
+    status = view.status or _Status()
     started, restarts = _container_start(status, container)
     if started:
-        t.marks["container"] = parse_time(started)
-    for cond in status.get("conditions") or []:
+        t.marks["container"] = _pod_time(started, where, "the container's startedAt")
+    for cond in status.conditions or []:
         # The pull precedes the first start only: a restart finds the image on the node.
-        if cond.get("type") == "PodScheduled" and cond.get("lastTransitionTime") and not restarts:
-            t.marks["scheduled"] = parse_time(cond["lastTransitionTime"])
+        if cond.type == "PodScheduled" and cond.lastTransitionTime and not restarts:
+            t.marks["scheduled"] = _pod_time(cond.lastTransitionTime, where,
+                                             "PodScheduled's lastTransitionTime")
     pod_marks = {k: t.marks[k] for k in ("container", "scheduled") if k in t.marks}
     year = t.marks["container"].year if "container" in t.marks else year
     load_took: Optional[float] = None
@@ -189,14 +264,18 @@ def timeline(pod: dict, log: str, container: str = "vllm", year: Optional[int] =
         m = _PHASE_LINE.search(line)
         if m:
             name, event, ts = m.groups()
+            try:
+                at = parse_time(ts)
+            except ValueError:
+                continue          # not a start script's line (whatever else wrote it)
             if (name, event) == ("gate", "start"):        # a new start: forget the last
                 t.marks, t.cache_hits, t.cache_misses = dict(pod_marks), 0, 0
                 t.cache_load_failure = None
                 t.gate_failed, load_took = False, None
             if event == "fail":
                 t.gate_failed = True
-            t.marks[f"{name}.{event}"] = parse_time(ts)
-            year = t.marks[f"{name}.{event}"].year
+            t.marks[f"{name}.{event}"] = at
+            year = at.year
             continue
         m = _CACHE_LINE.search(line)
         if m:
@@ -211,7 +290,12 @@ def timeline(pod: dict, log: str, container: str = "vllm", year: Optional[int] =
             t.cache_misses += 1
         took = _LOAD_TOOK.search(text)
         if took:
-            load_took = float(took.group(1))
+            try:
+                value = float(took.group(1))
+            except ValueError:
+                value = None
+            if value is not None and 0 <= value <= MAX_BUDGET_SECONDS:
+                load_took = value
         for mark, pattern in VLLM_MARKS:
             if pattern.search(text):
                 at = _line_time(stamp, text, year)
