@@ -26,6 +26,32 @@ MAX_STRING = 4096
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# A URL's userinfo: `scheme://user:password@` (any scheme) or `http(s)://token@` (a token
+# as the user). Credentials in a URL end up in plain text wherever the value goes.
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^\s/?#@]*)@")
+CREDENTIALS_IN_URL = ("holds a URL with credentials (user:password@, or a token as the "
+                      "user): they would stand in plain text in plan.json, the pods' env and "
+                      "compose.yaml. Give the URL without them, and the credentials as a "
+                      "secret (`pulumi config set --secret`; for the Hub or a Hub mirror, "
+                      "k3:hfToken, which the pods read from a Kubernetes Secret)")
+
+
+def url_credentials(value: str) -> str | None:
+    """`value` with the credentials of every URL in it masked (`***`), or None when no URL
+    in it carries any (see _URL_USERINFO; `ssh://git@host` names a user, not a secret)."""
+    found = False
+
+    def mask(m: re.Match) -> str:
+        nonlocal found
+        if ":" in m.group(2) or m.group(1).lower() in ("http", "https"):
+            found = True
+            return f"{m.group(1)}://***@"
+        return m.group(0)
+
+    masked = _URL_USERINFO.sub(mask, value)
+    return masked if found else None
+
+
 def string_problem(value: str) -> str | None:
     """Why `value` cannot be any config string, or None."""
     if len(value) > MAX_STRING:
@@ -168,11 +194,26 @@ def _cidr(value: str) -> str:
     return value
 
 
-def _ip(value: str) -> str:
+def ip_address(value: str):
+    """`value` parsed (ipaddress), an IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4
+    address it carries and a zone (%eth0) dropped: what a socket binds, whatever the
+    spelling. ValueError if it is no address."""
     import ipaddress
 
+    addr = ipaddress.ip_address(value.split("%", 1)[0] if "%" in value else value)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return mapped if mapped is not None else addr
+
+
+def is_wildcard(value: str) -> bool:
+    """True for every spelling of "all addresses": 0.0.0.0, ::, ::ffff:0.0.0.0, 0::0,
+    ::%eth0... (a bind to any of them listens on every interface)."""
+    return ip_address(value).is_unspecified
+
+
+def _ip(value: str) -> str:
     try:
-        ipaddress.ip_address(value)
+        ip_address(value)
     except ValueError:
         raise ValueError("must be an IP address") from None
     return value

@@ -595,9 +595,11 @@ class HostConfig(_Section):
 
     @model_validator(mode="after")
     def _all_interfaces_chosen(self) -> "HostConfig":
-        import ipaddress
+        from k3infra.fieldtypes import is_wildcard
 
-        wide = ipaddress.ip_address(self.publish_address).is_unspecified or self.network_mode == "host"
+        # Parsed, not compared as text: ::ffff:0.0.0.0 (the IPv4-mapped wildcard) binds
+        # every IPv4 address as 0.0.0.0 does.
+        wide = is_wildcard(self.publish_address) or self.network_mode == "host"
         if wide and not self.publish_all_interfaces:
             raise ValueError(f"publishAddress {self.publish_address} / networkMode "
                              f"{self.network_mode} exposes the API on every interface: set "

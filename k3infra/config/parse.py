@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from k3infra.config.base import (CONFIG_NAMESPACE, SECRET_PLACEHOLDER, SECRET_KEYS,
                                  ConfigError, Secret)
 from k3infra.config.models import StackConfig
-from k3infra.fieldtypes import string_problem
+from k3infra.fieldtypes import CREDENTIALS_IN_URL, string_problem, url_credentials
 from k3infra.receipt import Receipt
 
 # Past these a value is not a configuration: refused before pydantic sees it (a JSON
@@ -90,6 +90,10 @@ def check_values(key: str, value: Any, depth: int = 0) -> None:
         problem = string_problem(value)
         if problem:
             raise ConfigError(key, value if len(value) <= 200 else value[:200] + "...", problem)
+        masked = url_credentials(value)     # any key: a URL never carries credentials
+        if masked is not None:
+            raise ConfigError(key, masked if len(masked) <= 200 else masked[:200] + "...",
+                              CREDENTIALS_IN_URL)
     elif isinstance(value, (dict, list)):
         if len(value) > MAX_ITEMS:
             raise ConfigError(key, f"<{len(value)} items>", f"holds more than {MAX_ITEMS} items")

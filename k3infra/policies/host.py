@@ -11,13 +11,13 @@ as for pods, read from `docker:index/container:Container` inputs.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 from typing import Any, Optional
 
 from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidationArgs,
                            ResourceValidationPolicy)
 
+from k3infra.fieldtypes import is_wildcard
 from k3infra.policies.images import image_problem
 from k3infra.policies.serve_args import serve_drift
 from k3infra.policies.workloads import get, items
@@ -125,10 +125,10 @@ def _ports(args: ResourceValidationArgs, report: ReportViolation) -> None:
         ip = get(port, "ip")
         wide = not ip
         if ip:
-            try:
-                wide = ipaddress.ip_address(str(ip)).is_unspecified
+            try:     # parsed, every spelling of the wildcard (::ffff:0.0.0.0 too)
+                wide = is_wildcard(str(ip))
             except ValueError:
-                wide = False
+                wide = True          # not an address: nothing shows it is not every interface
         if wide:
             report(f"{_name(args)}: port {get(port, 'external')} is published on every "
                    f"interface ({ip or 'no address'}); bind 127.0.0.1 (default) or another "
