@@ -782,3 +782,79 @@ def multi_node_on_b300(plan):
 def group_labelled_measured(plan):
     group_template(plan, "leader")["metadata"]["annotations"][
         "k3infra.dev/measured-configuration"] = "true"
+
+
+# --- issue 48, point 8: NetworkPolicies judged by what a pod may reach, not their shape ----
+# Each keeps a NetworkPolicy that selects the serving pods and "restricts" ingress (every
+# rule names peers), which is all k3-network-policy looks at; the effective exposure widens.
+
+def _with_clients(plan: dict) -> None:
+    """A render whose API port admits one client namespace (k3:network.allowFromNamespaces)."""
+    from conftest import render
+
+    g = copy.deepcopy(render("existing", 'network.allowFromNamespaces=["clients"]').plan())
+    plan["resources"], plan["config"] = g["resources"], g["config"]
+
+
+def _api_rule(plan: dict) -> dict:
+    """The serving policy's rule for the API port (k3:serving.port, 8000)."""
+    rules = _named(plan, "NetworkPolicy", "kimi-k3-serving")["spec"]["ingress"]
+    return next(r for r in rules if any(p.get("port") == 8000 for p in r.get("ports", [])))
+
+
+@variant("k3-network-exposure")
+def api_rule_widened_to_every_namespace_and_the_internet(plan):
+    _with_clients(plan)
+    _api_rule(plan)["from"] = [{"namespaceSelector": {}}, {"ipBlock": {"cidr": "0.0.0.0/0"}}]
+
+
+@variant("k3-network-exposure")
+def api_rule_namespace_by_expression_everyone_but_one(plan):
+    _with_clients(plan)
+    _api_rule(plan)["from"] = [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}}]
+
+
+@variant("k3-network-exposure")
+def api_rule_on_every_port(plan):
+    _with_clients(plan)
+    del _api_rule(plan)["ports"]
+
+
+@variant("k3-network-exposure")
+def extra_policy_admits_a_wide_block(plan):
+    _inject(plan, "NetworkPolicy", "kimi-k3-extra", {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "kimi-k3-extra", "namespace": _namespace(plan)},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+                              "ports": [{"port": 9090, "protocol": "TCP"}]}]}})
+
+
+@variant("k3-network-exposure")
+def serving_egress_to_the_internet(plan):
+    _named(plan, "NetworkPolicy", "kimi-k3-serving")["spec"]["egress"].append(
+        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443, "protocol": "TCP"}]})
+
+
+@variant("k3-network-exposure")
+def prefetch_egress_into_the_cluster(plan):
+    hub = _named(plan, "NetworkPolicy", "kimi-k3-weights-prefetch")["spec"]["egress"][1]
+    for peer in hub["to"]:
+        peer["ipBlock"].pop("except", None)
+
+
+@variant("k3-network-exposure")
+def serving_unisolated_by_dropping_its_policies(plan):
+    """No NetworkPolicy selects the serving pods any more: everything reaches them. The
+    benchmark's policy still "restricts" what it selects, but not the serving pods."""
+    plan["resources"] = [r for r in plan["resources"]
+                         if not (r["type"].endswith(":NetworkPolicy")
+                                 and r["inputs"]["metadata"]["name"] in
+                                 ("kimi-k3-serving", "kimi-k3-default-deny"))]
+    _inject(plan, "NetworkPolicy", "kimi-k3-looks-restrictive", {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "kimi-k3-looks-restrictive", "namespace": _namespace(plan)},
+        "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/component": "serving",
+                                                 "app.kubernetes.io/name": "kimi-k3"}},
+                 "policyTypes": ["Egress"], "egress": []}})

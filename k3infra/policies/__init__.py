@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from k3infra.policies import (cluster_objects, drift, engine, gateway, gating, hardware, host,
-                               images, multinode, pod_security, secrets)
+from k3infra.policies import (cluster_objects, drift, engine, exposure, gateway, gating, hardware,
+                               host, images, multinode, pod_security, secrets)
 
 PACK_NAME = "k3infra"
 DESCRIPTION = ("Kimi K3 on 8x B300: refuse deployments that drift from the measured serving "
@@ -32,6 +32,7 @@ POLICIES: list[Policy] = [
     *secrets.POLICIES,
     *pod_security.POLICIES,
     *cluster_objects.POLICIES,
+    *exposure.POLICIES,
     *gateway.POLICIES,
     *host.POLICIES,
 ]

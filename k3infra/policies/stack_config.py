@@ -91,3 +91,26 @@ def multi_node_domain_label() -> str:
     from k3infra.config import MultiNodeConfig
 
     return _section("multiNode", MultiNodeConfig).domain_label
+
+
+def stack():
+    """The whole `k3:*` config parsed as the program parses it (StackConfig), or None when
+    there is none or the program would refuse it. Secrets are stood in for: no policy
+    reads them, and `k3infra policy check` has only their placeholder."""
+    from pulumi.runtime import config as runtime_config
+
+    from k3infra.config import parse_stack_config
+    from k3infra.config.base import SECRET_KEYS
+    from k3infra.receipt import load_receipt
+
+    keys = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    raw = {k: runtime_config.get_config(k) for k in keys if k.startswith(f"{CONFIG_NAMESPACE}:")}
+    if not raw:
+        return None
+    for name in SECRET_KEYS:
+        if f"{CONFIG_NAMESPACE}:{name}" in raw:
+            raw[f"{CONFIG_NAMESPACE}:{name}"] = "policy-stand-in"
+    try:
+        return parse_stack_config(raw, receipt=load_receipt())
+    except (ConfigError, ValueError, OSError):
+        return None
