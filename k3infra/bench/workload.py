@@ -29,11 +29,14 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 try:
-    from k3infra.podcommon import int_list
+    from k3infra.podcommon import atomic_write_text, int_list, read_regular
 except ImportError:  # in the pod: podcommon.py sits next to this file
-    from podcommon import int_list  # noqa: E402
+    from podcommon import atomic_write_text, int_list, read_regular  # noqa: E402
 
 WORKLOAD_ID = "k3-workload-a/v1"
+# A corpus source file is read to this size at most (vllm's largest is ~200 KiB): a larger
+# one, or anything but a regular file (a FIFO, a device), is left out, never read.
+SOURCE_MAX_BYTES = 4 << 20
 NONCE_HEX_DIGITS = 16
 ROLES = ("warmup", "measured")
 
@@ -110,10 +113,8 @@ def load_corpus(root: Path) -> list[SourceFile]:
         raise WorkloadError(f"corpus directory {root} does not exist")
     files = []
     for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-        if path.is_symlink() or not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:      # the one bounded reader: a regular file, no link followed, no FIFO waited on
+            text = read_regular(str(path), SOURCE_MAX_BYTES).decode("utf-8")
         except (UnicodeDecodeError, OSError):
             continue
         if text.strip():
@@ -330,12 +331,12 @@ def _hf_tokenizer(path: str, trust_remote_code: bool):
 def write_workload(out_dir: Path, sets: Sequence[PromptSet], meta: dict) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for s in sets:
+    for s in sets:      # the one output writer: a regular file or a new one, renamed in
         path = out_dir / f"{s.name}.jsonl"
-        path.write_text(s.jsonl(), encoding="utf-8")
+        atomic_write_text(path, s.jsonl())
         written.append(path)
     path = out_dir / "manifest.json"
-    path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(meta, indent=1, sort_keys=True) + "\n")
     written.append(path)
     return written
 

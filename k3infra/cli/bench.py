@@ -61,7 +61,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     pr.add_argument("--run-id", required=True,
                     help="the benchmark run's id (its nonces); the Job records it")
     pr.add_argument("--runs", type=flags.mirrors("BenchmarkConfig", "runs", "k3:benchmark.runs"), default=1)
-    pr.add_argument("--concurrencies", help="comma-separated (default: the receipt's)")
+    pr.add_argument("--concurrencies", type=_concurrencies,
+                    help="comma-separated (default: the receipt's; bounded like "
+                         "k3:benchmark.concurrencies)")
     pr.set_defaults(func=_prompts)
 
     co = sub.add_parser("cost", help="USD per million tokens at each measured concurrency")
@@ -84,6 +86,10 @@ tolerance_pct = flags.mirrors("BenchmarkConfig", "tolerance_pct", "k3:benchmark.
 _node_rate = flags.mirrors("MonitoringConfig", "node_rate_usd_per_hour",
                            "k3:monitoring.nodeRateUsdPerHour")
 _nodes = flags.mirrors("StackConfig", "replicas", "k3:replicas")
+
+
+_concurrencies = flags.mirrors("BenchmarkConfig", "concurrencies", "k3:benchmark.concurrencies",
+                               comma_list=True)
 
 
 def _load(paths: list[Path]):

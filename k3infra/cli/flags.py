@@ -27,23 +27,26 @@ def _number(text: str) -> Any:
         return text              # the field says what it accepts
 
 
-def mirrors(model: str, field: str, key: str) -> Callable[[str], Any]:
+def mirrors(model: str, field: str, key: str, comma_list: bool = False) -> Callable[[str], Any]:
     """The argparse type of a flag that sets what `key` sets: field `field` of the config
-    section `model` (a class name in k3infra.config, imported when a value is parsed)."""
+    section `model` (a class name in k3infra.config, imported when a value is parsed).
+    `comma_list`: the flag is `8,16,32` for a list key (returned as that text, checked)."""
     def parse(text: str) -> Any:
         import k3infra.config as config
         from pydantic import ValidationError
 
         section = getattr(config, model)
-        value = _number(text)
+        value = ([_number(v.strip()) for v in text.split(",") if v.strip()] if comma_list
+                 else _number(text))
         try:
             checked = section.__pydantic_validator__.validate_assignment(
                 section.model_construct(), field, value)
         except ValidationError as exc:
-            message = exc.errors(include_url=False)[0]["msg"]
+            message = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
             raise argparse.ArgumentTypeError(f"{text[:40]!r}: {message} (as the stack key "
                                              f"{key})") from None
-        return getattr(checked, field)
+        got = getattr(checked, field)
+        return ",".join(map(str, got)) if comma_list else got
 
     parse.__name__ = key           # argparse names the type in its messages
     return parse

@@ -28,13 +28,13 @@ class _Out:
     def __init__(self) -> None:
         self.console = None
         if sys.stdout.isatty():
-            from rich.console import Console
+            from k3infra.display import console
 
-            self.console = Console(highlight=False)
+            self.console = console()
 
     def line(self, text: str, style: str = "") -> None:
         if self.console is not None:
-            self.console.print(text, style=style or None, markup=False)
+            self.console.print(text, style=style or None)
         else:
             print(text, flush=True)
 

@@ -355,12 +355,18 @@ class StallWatch:
 
 
 class _GuardedFile:
-    """The partial file as http_get sees it: writes only while this attempt is current."""
+    """The partial file as http_get sees it: writes only while this attempt is current,
+    and never past the lock's size of the file (a source that sends more, an endless
+    body included, fails the transfer there instead of filling the disk)."""
 
-    def __init__(self, fh, watch: StallWatch, path: str, attempt: int):
+    def __init__(self, fh, watch: StallWatch, path: str, attempt: int, size: Optional[int] = None):
         self._fh, self._watch, self._path, self._attempt = fh, watch, path, attempt
+        self._size = size
 
     def write(self, data) -> int:
+        if self._size is not None and self._fh.tell() + len(data) > self._size:
+            raise FetchRefused(f"the source sent more than the {self._size} bytes the lock "
+                               "lists for this file; stopped writing")
         out: list = []
         self._watch.guarded(self._path, self._attempt, lambda: out.append(self._fh.write(data)))
         return out[0]
@@ -428,7 +434,7 @@ class _Fetcher:
                 fh.truncate(0)
                 have = 0
             if have < entry.size:
-                fd.http_get(meta.location, _GuardedFile(fh, watch, entry.path, attempt),
+                fd.http_get(meta.location, _GuardedFile(fh, watch, entry.path, attempt, entry.size),
                             resume_size=have, headers=headers, expected_size=entry.size)
             fh.flush()
             os.fsync(fh.fileno())
