@@ -525,7 +525,7 @@ def test_docker_host_uses_the_docker_cli(tmp_path):
 [ "$1" = -H ] && [ "$2" = ssh://gpu@box ] || exit 9
 case "$3" in
   inspect) cat {tmp_path}/inspect.json ;;
-  exec) [ "$5" = cat ] && echo "file $6" ;;
+  exec) [ "$5" = python3 ] && [ "$6" = -c ] && echo "file $8" ;;
 esac
 """)
     fake.chmod(0o755)

@@ -8,7 +8,6 @@ K3_* inputs. Files (the verified marker, the lock) are read with `docker exec ca
 """
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any, Optional
 
@@ -59,17 +58,34 @@ class DockerHost:
     def _run(self, *args: str) -> subprocess.CompletedProcess:
         try:
             return subprocess.run([self.docker, "-H", self.host, *args], capture_output=True,
-                                  text=True, timeout=60)
+                                  text=True, errors="replace", timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ClusterError(f"docker -H {self.host}: {exc}") from None
 
     def statefulset(self) -> dict:
+        from k3infra.podcommon import JsonRefused, parse_json
+
         done = self._run("inspect", self.container)
         if done.returncode != 0:
             raise ClusterError(f"docker -H {self.host} inspect {self.container}: "
-                               f"{done.stderr.strip()}")
-        return statefulset_view(json.loads(done.stdout)[0])
+                               f"{done.stderr.strip()[:500]}")
+        try:     # podcommon's bounded JSON parser: what the daemon says is data, not trusted
+            found = parse_json(done.stdout)
+        except JsonRefused as exc:
+            raise ClusterError(f"docker -H {self.host} inspect {self.container}: {exc}") from None
+        if not isinstance(found, list) or not found or not isinstance(found[0], dict):
+            raise ClusterError(f"docker -H {self.host} inspect {self.container}: not a "
+                               "container's JSON")
+        return statefulset_view(found[0])
 
     def read_file(self, pod: str, container: str, path: str) -> Optional[str]:
-        done = self._run("exec", self.container, "cat", path)
+        # The bounded reader's rule inside the container (live.cluster.READ_SCRIPT): a
+        # FIFO or a link to /dev/zero on the volume never hangs or floods this process.
+        from k3infra.live.cluster import READ_MAX_BYTES, READ_SCRIPT
+
+        done = self._run("exec", self.container, "python3", "-c", READ_SCRIPT, path,
+                         str(READ_MAX_BYTES))
+        if done.returncode == 4:
+            raise ClusterError(f"{path} in {self.container} is not a regular file of at most "
+                               f"{READ_MAX_BYTES} bytes (a link, a FIFO, a device or larger)")
         return done.stdout if done.returncode == 0 else None
