@@ -267,6 +267,8 @@ class HttpClient:
                 text = "more than 100 header lines"
             raise HttpError(show(url), f"no usable answer ({text[:200]})") from None
         try:
+            if watch.fired:         # headers cut off by the deadline are no answer
+                raise HttpError(show(url), self._expired(limit))
             got = _headers(resp, show(url))
         except BaseException:
             watch.cancel()

@@ -104,7 +104,7 @@ class Hub:
                                        expect_size=item.size, headers=self.headers,
                                        credential=self.credential)
         except HttpError as exc:
-            raise HubError(f"{item.path}: {_refusal(repo, revision, exc)}") from None
+            raise HubError(_refusal(repo, revision, exc)) from None     # the URL names the file
         commit = resp.headers.get("x-repo-commit")
         if commit is not None and commit != revision:
             raise tree.LockError(f"{item.path}: the Hub served it from commit {commit[:80]!r}, "
