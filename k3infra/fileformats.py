@@ -113,11 +113,19 @@ def load_yaml(path, kind: str, *, follow_links: bool = True) -> Any:
         raise FileFormatError(path, f"not YAML: {exc}") from None
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_:/@+-]{1,64}")
+
+
 def where(loc: tuple) -> str:
-    """pydantic's error location as a field path: ('files', 3, 'path') -> files[3].path."""
+    """pydantic's error location as a field path: ('files', 3, 'path') -> files[3].path; a
+    key from the file that is not a plain name is quoted (a newline in it stays escaped)."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        name = str(part) if _PLAIN_KEY.fullmatch(str(part)) else _shown(str(part))
+        out += f".{name}" if out else name
     return out or "(the top level)"
 
 

@@ -32,6 +32,7 @@ def stack_names(root: Path) -> list[str]:
 # A stack file is a few KiB: past this it is not one (and YAML's cost grows with it).
 STACK_FILE_MAX_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
+MAX_INT_DIGITS = 40          # as podcommon.JSON_MAX_DIGITS: past every count a file holds
 # One `--config` key: `[namespace:]name(.name)*`, names of letters, digits, '_' and '-'.
 _OVERRIDE_KEY = re.compile(r"([A-Za-z0-9_-]+:)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+){0,8}")
 
@@ -94,6 +95,15 @@ def _stack_loader(path: Path):
                              "stack file (only strings, numbers, booleans, lists and mappings; "
                              "quote a date)")
 
+    def bounded_int(loader, node):
+        # Python's int-string limit would raise a ValueError traceback past 4300 digits.
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise StackFileError(path, f"{where(node)}: an integer of {digits} digits (at most "
+                                 f"{MAX_INT_DIGITS} are accepted)")
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", bounded_int)
     for tag in ("tag:yaml.org,2002:binary", "tag:yaml.org,2002:timestamp",
                 "tag:yaml.org,2002:set", "tag:yaml.org,2002:omap", "tag:yaml.org,2002:pairs"):
         Loader.add_constructor(tag, refuse)

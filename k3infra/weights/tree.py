@@ -159,8 +159,8 @@ def check_repo(repo: str) -> str:
 
 def check_sha256(value: str, path: str = "") -> str:
     if not isinstance(value, str) or not _HEX64.match(value):
-        raise LockError(f"sha256 {_brief(value)}{' of ' + path if path else ''}: must be 64 "
-                        "lowercase hex")
+        raise LockError(f"sha256 {_brief(value)}{' of ' + _brief(path) if path else ''}: must "
+                        "be 64 lowercase hex")
     return value
 
 
@@ -191,7 +191,7 @@ def _entry(path: object, size: object, sha256: object) -> FileEntry:
     check_path(path)
     check_sha256(sha256, path)
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:
-        raise LockError(f"size {_brief(size)} of {path}: must be a non-negative integer "
+        raise LockError(f"size {_brief(size)} of {_brief(path)}: must be a non-negative integer "
                         f"(at most {MAX_FILE_BYTES})")
     return FileEntry(path=path, size=size, sha256=sha256)
 
