@@ -27,3 +27,19 @@ def one_line(text: str) -> str:
     assert "Traceback" not in text, text
     assert len(text.strip().splitlines()) <= 1, text
     return text
+
+
+def cli(capsys, *argv, seconds: int = 120) -> tuple[int, str]:
+    """`k3infra ARGV` in this process: (exit status, everything it printed), under the
+    alarm; argparse's own refusal is its exit 2; never a traceback."""
+    from k3infra.cli import main
+
+    with bounded(seconds):
+        try:
+            rc = main(list(argv))
+        except SystemExit as exc:
+            rc = exc.code
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Traceback" not in text, text
+    return rc, text

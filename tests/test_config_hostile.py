@@ -7,8 +7,6 @@ And the mechanism itself: every number a key takes is bounded above, every strin
 takes has a full-match type, so a new key cannot forget either."""
 from __future__ import annotations
 
-import contextlib
-import signal
 import tempfile
 import typing
 from pathlib import Path
@@ -26,26 +24,11 @@ from k3infra.receipt import load_receipt
 from k3infra.weights import tree
 
 from conftest import GOOD_REVISION
+from hostile import bounded
 
 R = load_receipt()
 IMAGE = "registry.example.com/k3/vllm@sha256:" + "ab" * 32
 BASE = {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "sk-test", "k3:engineImage": IMAGE}
-PER_EXAMPLE_S = 20
-
-
-@contextlib.contextmanager
-def bounded(seconds: int = PER_EXAMPLE_S):
-    """A hang fails the example (the harness's bound, not a speed check)."""
-    def expired(_sig, _frame):
-        raise TimeoutError(f"no answer in {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # ---- every key ----------------------------------------------------------------------------

@@ -12,26 +12,13 @@ import pytest
 
 from bench_results import receipt_latencies_ms, result_dict, write_result
 from conftest import GOOD_REVISION
-from hostile import bounded, one_line
-from k3infra.cli import main
+from hostile import bounded, cli, one_line
 from k3infra.config import ConfigError, parse_stack_config
 from k3infra.receipt import load_receipt
 
 R = load_receipt()
 BASE = {"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "sk-test"}
 HOST = {**BASE, "k3:engineImage": "registry.example.com/k3/vllm@sha256:" + "ab" * 32}
-
-
-def cli(capsys, *argv) -> tuple[int, str]:
-    with bounded(120):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
-    out = capsys.readouterr()
-    text = out.out + out.err
-    assert "Traceback" not in text, text
-    return rc, text
 
 
 # ---- 4. a flag is bounded like its stack key --------------------------------------------------

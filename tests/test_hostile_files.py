@@ -6,7 +6,6 @@ deep JSON, a 5000-digit integer, a string where a number belongs, a missing fiel
 a lone surrogate. Each is one line, exit 2, no traceback; a hang fails through the alarm."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -17,8 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench_results import receipt_latencies_ms, result_dict, write_result
-from hostile import bounded, one_line
-from k3infra.cli import main
+from hostile import bounded, cli, one_line
 from k3infra.fileformats import FileFormatError, read_bytes
 from k3infra.podcommon import JsonRefused, parse_json, read_regular
 
@@ -26,19 +24,6 @@ CHECKS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                     HealthCheck.function_scoped_fixture])
 REV = "0123456789abcdef0123456789abcdef01234567"
 SHA = "a" * 64
-
-
-def cli(capsys, *argv) -> tuple[int, str]:
-    """(exit status, everything printed): never a traceback, never a hang."""
-    with bounded(60):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:          # argparse's own refusal: exit 2, usage + one line
-            rc = exc.code
-    out = capsys.readouterr()
-    text = out.out + out.err
-    assert "Traceback" not in text, text
-    return rc, text
 
 
 def refusal_line(text: str) -> str:

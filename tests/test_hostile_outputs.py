@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench_results import receipt_latencies_ms, result_dict, write_result
-from hostile import bounded
-from k3infra.cli import main
-from k3infra.podcommon import atomic_write, output_directory, output_target
+from hostile import bounded, cli
+from k3infra.podcommon import atomic_write, output_directory
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 
@@ -112,18 +111,6 @@ def test_an_output_directory_is_a_directory(tmp_path, kind):
 
 
 # ---- every command that writes, each refusal before its work ---------------------------------
-
-def cli(capsys, *argv) -> tuple[int, str]:
-    with bounded(120):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
-    out = capsys.readouterr()
-    text = out.out + out.err
-    assert "Traceback" not in text, text
-    return rc, text
-
 
 def _result(tmp_path: Path) -> Path:
     return write_result(tmp_path / "r.json", result_dict(receipt_latencies_ms(18695.0, 18766.0)))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
 COMMANDS = {
     "receipt": ("k3infra.cli.receipt", "show the measured serving receipt"),

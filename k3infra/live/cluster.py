@@ -21,6 +21,7 @@ READER_START_SECONDS = 300
 # a link to /dev/zero swapped in by whoever writes the volume never hangs or floods),
 # at most READ_MAX_BYTES. Exit 3: absent; 4: not a regular file, or larger.
 READ_MAX_BYTES = 64 << 20
+LOG_MAX_BYTES = 512 << 20
 READ_SCRIPT = (
     "import os, stat, sys\n"
     "limit = int(sys.argv[2])\n"
@@ -116,9 +117,12 @@ class KubeCluster:
 
     def container_log(self, pod: str, container: str, previous: bool = False) -> str:
         """The container's log with the kubelet's RFC 3339 timestamps on every line."""
+        # Bounded as a log file is (k3infra.fileformats: "container log"): the kubelet
+        # keeps whole logs, and a start's lines are at the end.
         return self._call(f"reading the log of {pod}/{container}",
                           self.core.read_namespaced_pod_log, pod, self.namespace,
-                          container=container, timestamps=True, previous=previous)
+                          container=container, timestamps=True, previous=previous,
+                          limit_bytes=LOG_MAX_BYTES)
 
     def groups(self) -> list[dict]:
         """The serving LeaderWorkerSets of a multi-node stack, by name ([] when there are
