@@ -154,11 +154,14 @@ class HttpClient:
     def request(self, method: str, url: str, *, body_max: int, kind: str = "answer",
                 headers: Optional[dict] = None, credential: Optional[Credential] = None,
                 expect_size: Optional[int] = None, expect_sha256: Optional[str] = None,
-                statuses: Iterable[int] = (200,), sink=None) -> Response:
+                statuses: Iterable[int] = (200,), sink=None, data: Optional[bytes] = None
+                ) -> Response:
         """`method url`, following redirects within the rules; the body read whole (at
         most `body_max` bytes, or exactly `expect_size`) and checked against
-        `expect_sha256`, into memory or written to `sink` (then `body` is None).
-        HttpError for a status outside `statuses` (with .status and .headers)."""
+        `expect_sha256`, into memory or written to `sink` (then `body` is None). `data`:
+        a request body (PUT, POST), sent with its length, and again to a 307/308 target
+        (only to the same origin: a body is not handed to another host). HttpError for a
+        status outside `statuses` (with .status and .headers)."""
         statuses = tuple(statuses)
         limit = self._call_limit()
         ends = time.monotonic() + limit
@@ -169,12 +172,18 @@ class HttpClient:
                     **(headers or {})}
             if credential is not None and origin(current) == tuple(credential.origin):
                 send[credential.header] = credential.value
-            status, got, resp, conn, watch = self._open(method, current, send, ends, limit)
+            if data is not None:
+                send["Content-Length"] = str(len(data))
+            status, got, resp, conn, watch = self._open(method, current, send, ends, limit, data)
             try:
                 if status in _REDIRECTS and got.get("location"):
-                    current = urllib.parse.urljoin(current, got["location"])
-                    if status == 303:
-                        method = "GET" if method != "HEAD" else method
+                    nxt = urllib.parse.urljoin(current, got["location"])
+                    if status in (301, 302, 303) and method not in ("GET", "HEAD"):
+                        method, data = "GET", None       # as browsers and urllib do
+                    if data is not None and origin(nxt) != origin(current):
+                        raise HttpError(show(current), f"redirects a request body to "
+                                        f"{show(nxt)}: another origin, not followed")
+                    current = nxt
                     continue
                 if status not in statuses:
                     raise HttpError(show(current), f"answered {status} {resp.reason}"[:200],
@@ -219,7 +228,8 @@ class HttpClient:
                     f"{self.deadline.seconds:g} s")
         return f"no complete answer within {limit:g} s"
 
-    def _open(self, method: str, url: str, send: dict, ends: float, limit: float):
+    def _open(self, method: str, url: str, send: dict, ends: float, limit: float,
+              data: Optional[bytes] = None):
         scheme, host, port = origin(url)
         parts = urllib.parse.urlsplit(url)
         target = parts.path or "/"
@@ -251,7 +261,7 @@ class HttpClient:
             conn.putrequest(method, target, skip_accept_encoding=True)
             for key, value in send.items():
                 conn.putheader(key, value)
-            conn.endheaders()
+            conn.endheaders(data)
             resp = conn.getresponse()
         except http.client.LineTooLong:
             watch.cancel()

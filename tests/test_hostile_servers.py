@@ -390,3 +390,16 @@ def test_weights_lock_sources_against_a_slow_source(tmp_path):
                         server.url, "--timeout", "2", "--out", str(tmp_path / "l.json"))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "no source gave the lock" in done.stderr and "deadline of 2 s" in done.stderr
+
+
+def test_a_request_body_is_sent_and_never_handed_to_another_origin():
+    """What an object store client (issue 46) needs: PUT with a body, bounded as GET is."""
+    with hs.HostileServer({"/": hs.answer(b"ok")}) as other:
+        with hs.HostileServer({"/ok": hs.answer(b"stored"), "/away": hs.redirect(other.url + "/x", 307)}) as store:
+            c = client(store)
+            c.allow_http(other.url)
+            assert c.request("PUT", store.url + "/ok", body_max=100, data=b"bytes").body == b"stored"
+            assert store.requests[-1].headers["content-length"] == "5"
+            refused(lambda: c.request("PUT", store.url + "/away", body_max=100, data=b"bytes"),
+                    "redirects a request body", "another origin")
+    assert other.requests == []
