@@ -303,7 +303,11 @@ class EngineBuild(pulumi.ComponentResource):
                 raise EngineBuildError(
                     f"{path} is missing: pass 1 exported it on another machine or it was "
                     f"deleted; rebuild with `pulumi up --replace` on {name}-wheel")
-            return parse_wheel_record(path.read_text(), plan, str(path))
+            try:    # the one bounded reader: what pass 1 exported, a small regular file
+                text = read_regular(str(path), 1 << 20).decode("utf-8", "replace")
+            except OSError as exc:
+                raise EngineBuildError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+            return parse_wheel_record(text, plan, str(path))
 
         # The export exists only once pass 1 ran: wait for the wheel build's id, which a
         # preview leaves unknown for a new build (its contextHash is known in preview, so

@@ -6,7 +6,6 @@ stack serves must be the one this build pushed.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -36,7 +35,7 @@ class BuildResult:
 def _commit(commit: str, plan: EnginePlan, where: str) -> str:
     """The build's commit is the pinned one (k3:engine.commit), exactly."""
     pinned = plan.engine_commit or "\0"
-    if not FULL_SHA.match(commit or "") or not (
+    if not isinstance(commit, str) or not FULL_SHA.match(commit) or not (
             commit == pinned if FULL_SHA.match(pinned) else commit.startswith(pinned)):
         raise EngineBuildError(f"{where}: engine commit {commit!r} is not the pinned "
                                f"{plan.engine_commit}")
@@ -84,11 +83,14 @@ def parse_build_result(data: Optional[Mapping[str, str]], plan: EnginePlan,
 def parse_wheel_record(text: str, plan: EnginePlan, where: str = "engine-wheel.json") -> dict:
     """Pass 1's record (images/k3_engine_build.py wheel-record), for the local mode's
     second pass: {sha256, engine_commit, version, ...}."""
+    from k3infra.podcommon import JsonRefused, parse_json
+
     try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EngineBuildError(f"{where}: not JSON ({exc.msg})") from None
-    if not SHA256.match(record.get("sha256", "")):
+        record = parse_json(text)             # bounded: what the build wrote is data
+    except JsonRefused as exc:
+        raise EngineBuildError(f"{where}: not a record ({exc})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str) \
+            or not SHA256.match(record["sha256"]):
         raise EngineBuildError(f"{where}: no wheel sha256")
     _commit(record.get("engine_commit", ""), plan, where)
     _version(record.get("version", ""), plan, where)

@@ -289,6 +289,7 @@ def _network_exposure(args: StackValidationArgs, report: ReportViolation) -> Non
     if not serving:
         return
     cfg = stack_config.stack()
+    rebuilt: dict = {}              # one rebuild per instance and namespace
     for res, wl in pods:
         labels = wl.labels()
         instance = labels.get(INSTANCE_LABEL)
@@ -302,7 +303,9 @@ def _network_exposure(args: StackValidationArgs, report: ReportViolation) -> Non
                                     "every namespace or a /0 block"), res.urn)
             continue
         multi = any(s.kind == "LeaderWorkerSet" for s in serving)
-        reference = reference_policies(cfg, instance, wl.namespace, multi)
+        if (instance, wl.namespace) not in rebuilt:
+            rebuilt[instance, wl.namespace] = reference_policies(cfg, instance, wl.namespace, multi)
+        reference = rebuilt[instance, wl.namespace]
         for direction, _key, _side in DIRECTIONS:
             allowed = effective(reference, wl.namespace, labels, direction)
             if allowed is None:
