@@ -168,4 +168,9 @@ def test_served_pack_and_offline_runner_agree_on_the_corpus(analyzer):
         served = _served_verdicts(analyzer, broken)
         offline = check_plan(broken)
         assert v.policy in served["mandatory"], v.id
+        if broken["config"] != plan["config"]:
+            # A variant of another render (the gateway's, a client namespace): the served
+            # pack judges it under the config it was started with (PULUMI_CONFIG above), so
+            # a policy that reads the config (k3-network-exposure) may find more there.
+            continue
         assert served["mandatory"] == {f.policy for f in offline.mandatory}, v.id
