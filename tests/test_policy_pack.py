@@ -215,7 +215,9 @@ def test_credential_shaped_names_need_a_secret_ref_but_paths_and_switches_pass(p
 
 def test_pack_config_sets_levels_and_refuses_unknown_names(plan):
     broken = next(v for v in CORPUS if v.id == "no_network_policy").apply(plan)
-    report = check_plan(broken, pack_config={"k3-network-policy": "advisory"})
+    # Without any NetworkPolicy the serving pods' exposure is everything: both policies.
+    report = check_plan(broken, pack_config={"k3-network-policy": "advisory",
+                                             "k3-network-exposure": "advisory"})
     assert not report.mandatory and report.by_policy("k3-network-policy")[0].level == "advisory"
     report = check_plan(broken, pack_config={"k3-network-policy": {"enforcementLevel": "disabled"}})
     assert not report.by_policy("k3-network-policy")

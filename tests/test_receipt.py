@@ -96,8 +96,9 @@ def test_k3infra_receipt_chooses_the_receipt_everywhere(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,problem", [
-    (None, "cannot be read: No such file or directory"),
-    ("schema: [unclosed", "not YAML: "),
+    (None, "cannot read as a receipt (no such file)"),
+    ("schema: [unclosed", "line 1, column 18: not valid YAML: "),
+    ("a: &x [1]\nb: *x\n", "line 2, column 4: YAML aliases (*x) are not accepted"),
     ("- a list", "not a mapping (a k3infra.receipt/v1 document)"),
     ("schema: k3infra.receipt/v1\nid: Bad\n", "id: String should match pattern"),
 ])

@@ -36,6 +36,9 @@ from k3infra.netpol import NAMESPACE_NAME_LABEL
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import (Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
+from k3infra.receipt import load_receipt
+
+_receipt = load_receipt      # the chosen receipt, read when a policy runs
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 DIRECTIONS = (("Ingress", "ingress", "from"), ("Egress", "egress", "to"))
@@ -338,7 +341,8 @@ network_exposure = StackValidationPolicy(
                  "admits (rebuilt from its k3:* keys by the builders that render the policies). "
                  "A rule widened to every namespace, to 0.0.0.0/0 or to every port, an added "
                  "policy, or a removed one that leaves a pod unisolated, is refused whatever "
-                 "object carries it."),
+                 f"object carries it: the serving pods serve {_receipt().model.repo} and the "
+                 "prefetch pods fetch its weights."),
     validate=_network_exposure,
     enforcement_level=EnforcementLevel.MANDATORY,
 )
