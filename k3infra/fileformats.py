@@ -34,7 +34,6 @@ KINDS = {
     "benchmark result": 512 * MiB,    # --save-detailed of thousands of requests
     "accuracy file": 16 * MiB,        # scores.json, index.json, config.json
     "checksum list": 4 * MiB,         # SHA256SUMS
-    "weights lock": 256 * MiB,        # (k3infra.weights.tree.LOCK_MAX_BYTES)
     "startup budget": 64 * 1024,
     "pod JSON": 16 * MiB,
     "StatefulSet JSON": 16 * MiB,
@@ -44,7 +43,6 @@ KINDS = {
     "render plan": 256 * MiB,         # plan.json
     "policy config": 1 * MiB,
     "API key file": 64 * 1024,
-    "engine recipe": 900 * 1024,      # (a ConfigMap's worth)
 }
 
 
@@ -102,6 +100,7 @@ def load_yaml(path, kind: str, *, follow_links: bool = True) -> Any:
     beyond JSON data, no duplicate keys, bounded nesting)."""
     import yaml
 
+    # Here, not at the top: k3infra.config imports the receipt, which reads through this.
     from k3infra.config.stackfile import StackFileError, strict_yaml
 
     text = decode_text(read_bytes(path, kind, follow_links=follow_links), path, kind)

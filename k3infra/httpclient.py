@@ -44,6 +44,9 @@ import urllib.request
 from collections import namedtuple
 from typing import Iterable, Optional
 
+# Beside it on the operator's machine (k3infra/) and in pods (k3weights/) alike.
+from .podcommon import JsonRefused, parse_json
+
 MAX_HEADERS = 64
 MAX_HEADER_BYTES = 64 * 1024
 MAX_REDIRECTS = 5
@@ -199,10 +202,6 @@ class HttpClient:
 
     def json(self, url: str, *, body_max: int, kind: str = "answer", **kw):
         """(parsed JSON, Response): the body through podcommon.parse_json."""
-        try:
-            from .podcommon import JsonRefused, parse_json
-        except ImportError:
-            from k3infra.podcommon import JsonRefused, parse_json
         resp = self.request("GET", url, body_max=body_max, kind=kind,
                             headers={"Accept": "application/json", **(kw.pop("headers", None) or {})},
                             **kw)

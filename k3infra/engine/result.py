@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 
 from k3infra.engine.plan import EnginePlan
 from k3infra.fieldtypes import COMMIT, SHA256_DIGEST, SHA256_HEX
+from k3infra.podcommon import JsonRefused, parse_json
 
 # The config's own types (k3infra.fieldtypes), anchored \A..\Z: the result ConfigMap is
 # written by the build pod, and a value with a trailing newline is not a digest.
@@ -83,8 +84,6 @@ def parse_build_result(data: Optional[Mapping[str, str]], plan: EnginePlan,
 def parse_wheel_record(text: str, plan: EnginePlan, where: str = "engine-wheel.json") -> dict:
     """Pass 1's record (images/k3_engine_build.py wheel-record), for the local mode's
     second pass: {sha256, engine_commit, version, ...}."""
-    from k3infra.podcommon import JsonRefused, parse_json
-
     try:
         record = parse_json(text)             # bounded: what the build wrote is data
     except JsonRefused as exc:

@@ -12,7 +12,8 @@ import subprocess
 from typing import Any, Optional
 
 from k3infra.host.plan import SERVER, container_name
-from k3infra.live.cluster import ClusterError
+from k3infra.live.cluster import READ_MAX_BYTES, READ_SCRIPT, ClusterError
+from k3infra.podcommon import JsonRefused, parse_json
 from k3infra.serve_argv import serve_args_of
 
 GATE_ENV_PREFIX = "K3_"
@@ -63,8 +64,6 @@ class DockerHost:
             raise ClusterError(f"docker -H {self.host}: {exc}") from None
 
     def statefulset(self) -> dict:
-        from k3infra.podcommon import JsonRefused, parse_json
-
         done = self._run("inspect", self.container)
         if done.returncode != 0:
             raise ClusterError(f"docker -H {self.host} inspect {self.container}: "
@@ -81,8 +80,6 @@ class DockerHost:
     def read_file(self, pod: str, container: str, path: str) -> Optional[str]:
         # The bounded reader's rule inside the container (live.cluster.READ_SCRIPT): a
         # FIFO or a link to /dev/zero on the volume never hangs or floods this process.
-        from k3infra.live.cluster import READ_MAX_BYTES, READ_SCRIPT
-
         done = self._run("exec", self.container, "python3", "-c", READ_SCRIPT, path,
                          str(READ_MAX_BYTES))
         if done.returncode == 4:

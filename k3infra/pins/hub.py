@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from k3infra.httpclient import HttpError
+from k3infra.pins.oci import client
+from k3infra.weights.hubapi import Hub, HubError as ApiError
+
 
 class HubError(RuntimeError):
     """The Hub did not answer with a commit for the branch."""
@@ -13,10 +17,6 @@ class HubError(RuntimeError):
 
 def branch_commit(repo: str, branch: str = "main", endpoint: Optional[str] = None,
                   http=None) -> str:
-    from k3infra.httpclient import HttpError
-    from k3infra.pins.oci import client
-    from k3infra.weights.hubapi import Hub, HubError as ApiError
-
     try:
         return Hub(http or client(), endpoint).commit(repo, branch)
     except (ApiError, HttpError) as exc:

@@ -6,6 +6,9 @@ import io
 from pathlib import Path
 from typing import Any
 
+from k3infra.config.stackfile import STACK_FILE_MAX_BYTES
+from k3infra.podcommon import read_regular
+
 
 class StackWriteError(RuntimeError):
     """The stack file cannot take the value where it belongs; the message says why."""
@@ -29,9 +32,6 @@ def set_values(path: Path, values: list[tuple[tuple[str, ...], Any]]) -> str:
     """The stack file's text with each (config path, value) set; objects created as
     needed under `config:`. Returns the new text; the caller writes it."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
-
-    from k3infra.config.stackfile import STACK_FILE_MAX_BYTES
-    from k3infra.podcommon import read_regular
 
     yaml = _yaml()
     try:    # the one bounded reader (the strict loader has already read this file)

@@ -32,7 +32,11 @@ from typing import Any, Optional
 from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
                            StackValidationArgs, StackValidationPolicy)
 
+from k3infra import naming
+from k3infra.gateway.names import GatewayNames
+from k3infra.gateway.network import picker_policy
 from k3infra.netpol import NAMESPACE_NAME_LABEL
+from k3infra.operations.network import network_policies
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import (Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
@@ -263,11 +267,6 @@ class _Built:
 
 
 def reference_policies(cfg, instance: str, namespace: str, multi_node: bool) -> list[_Built]:
-    from k3infra import naming
-    from k3infra.gateway.names import GatewayNames
-    from k3infra.gateway.network import picker_policy
-    from k3infra.operations.network import network_policies
-
     names = naming.ServingNames(instance, namespace, groups=multi_node)
     built = network_policies(cfg, names, instance)
     if cfg.gateway.enabled:
