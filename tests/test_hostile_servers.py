@@ -4,7 +4,7 @@ sources) against a loopback server that misbehaves in every way the issue lists:
 call ends in an answer or one line, within its deadline; bodies are bounded and checked;
 realms and redirects held to https; credentials stay with their origin.
 
-Deadlines here are a second or two (parameters, never sleeps of minutes); a hang fails the
+Deadlines here are about half a second (parameters, never sleeps of minutes); a hang fails the
 test through the alarm, not an assertion on speed."""
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REV = "0123456789abcdef0123456789abcdef01234567"
 
 
-def client(server=None, seconds: float = 1.5, **kw) -> HttpClient:
+def client(server=None, seconds: float = 0.6, **kw) -> HttpClient:
     c = HttpClient(call_seconds=seconds, **kw)
     if server is not None:
         c.allow_http(server.url)
@@ -51,9 +50,9 @@ def refused(call, *needles: str) -> str:
 @pytest.mark.parametrize("route, needle", [
     (hs.endless(), "sent more than the 4096 bytes accepted"),
     (hs.huge_length(), "declares a answer of 10737418240 bytes, more than the 4096 accepted"),
-    (hs.slow_headers(), "no complete answer within 1.5 s"),
-    (hs.slow_body(), "no complete answer within 1.5 s"),
-    (hs.silent(), "no complete answer within 1.5 s"),
+    (hs.slow_headers(), "no complete answer within 0.6 s"),
+    (hs.slow_body(), "no complete answer within 0.6 s"),
+    (hs.silent(), "no complete answer within 0.6 s"),
     (hs.many_headers(150), "more than 100 header lines"),
     (hs.many_headers(80), "sent 81 header lines; at most 64 are accepted"),
     (hs.long_header(), "longer than 65536 bytes"),
@@ -63,20 +62,18 @@ def refused(call, *needles: str) -> str:
 ])
 def test_a_misbehaving_server_is_one_line_within_the_deadline(route, needle):
     with hs.HostileServer({"/": route}) as server:
-        start = time.monotonic()
         refused(lambda: client(server).request("GET", server.url + "/x", body_max=4096), needle)
-        assert time.monotonic() - start < 10
 
 
 def test_the_commands_deadline_covers_every_call():
-    """Per call 1.5 s, the command 2 s: the second slow call ends at the command's."""
+    """Per call 0.6 s, the command 1 s: the second slow call ends at the command's."""
     with hs.HostileServer({"/": hs.slow_body()}) as server:
-        c = client(server, deadline=Deadline(2.0, "the test command"))
-        refused(lambda: c.request("GET", server.url + "/a", body_max=1 << 20), "within 1.5 s")
+        c = client(server, deadline=Deadline(1.0, "the test command"))
+        refused(lambda: c.request("GET", server.url + "/a", body_max=1 << 20), "within 0.6 s")
         refused(lambda: c.request("GET", server.url + "/b", body_max=1 << 20),
-                "before the test command's deadline of 2 s")
+                "before the test command's deadline of 1 s")
         refused(lambda: c.request("GET", server.url + "/c", body_max=1 << 20),
-                "deadline of 2 s has passed")
+                "deadline of 1 s has passed")
 
 
 @pytest.mark.parametrize("body, needle", [
@@ -156,20 +153,18 @@ BEHAVIOURS = st.one_of(
 @given(route=BEHAVIOURS, method=st.sampled_from(["GET", "HEAD"]))
 def test_any_server_behaviour_is_an_answer_or_one_line_within_the_deadline(route, method):
     with hs.HostileServer({"/": route}) as server:
-        start = time.monotonic()
         with bounded(20):
             try:
-                resp = client(server, seconds=1.0).request(method, server.url + "/p",
+                resp = client(server, seconds=0.5).request(method, server.url + "/p",
                                                            body_max=4096, statuses=(200, 204))
                 assert resp.body is None or len(resp.body) <= 4096
             except HttpError as exc:
                 one_line(str(exc))
-        assert time.monotonic() - start < 8
 
 
 # ---- registries (k3infra pins) ------------------------------------------------------------
 
-def _resolve(server, tag: str = "1", seconds: float = 1.5):
+def _resolve(server, tag: str = "1", seconds: float = 0.6):
     from k3infra.pins import oci
 
     http = oci.client(10.0)
@@ -251,7 +246,7 @@ def test_an_image_config_that_is_not_its_digest_is_refused_and_a_good_one_resolv
 
 @pytest.mark.parametrize("route, needle", [
     (hs.endless({"Docker-Content-Digest": "sha256:" + "a" * 64}), "sent more than the 4194304"),
-    (hs.slow_headers(), "no complete answer within 1.5 s"),
+    (hs.slow_headers(), "no complete answer within 0.6 s"),
     (hs.many_headers(150), "more than 100 header lines"),
     (hs.redirect("file:///etc/shadow"), "scheme file: is refused"),
 ])
@@ -270,7 +265,7 @@ def test_a_token_answer_is_typed():
 
 # ---- the Hub (pins' branch commit, `weights lock --hub`) -----------------------------------
 
-def _hub(server, seconds: float = 1.5):
+def _hub(server, seconds: float = 0.6):
     from k3infra.weights.hubapi import Hub
 
     return Hub(client(seconds=seconds), server.url, token=False)
@@ -336,14 +331,14 @@ def test_lock_hub_never_writes_more_than_the_listed_size(tmp_path):
 
     with hs.HostileServer(_hub_routes(hs.endless())) as server:
         with bounded(20), pytest.raises(tree.LockError) as err:
-            prefetch.lock_from_hub("o/m", REV, endpoint=server.url, client=client(seconds=2))
+            prefetch.lock_from_hub("o/m", REV, endpoint=server.url, client=client(seconds=1))
     assert "sent more than the 22 bytes listed" in str(err.value)
     with hs.HostileServer(_hub_routes(hs.answer(b"x" * 21))) as server:
         with bounded(20), pytest.raises(tree.LockError, match="declares 21 bytes; 22 were listed"):
-            prefetch.lock_from_hub("o/m", REV, endpoint=server.url, client=client(seconds=2))
+            prefetch.lock_from_hub("o/m", REV, endpoint=server.url, client=client(seconds=1))
     with hs.HostileServer(_hub_routes(hs.answer(b"x" * 22))) as server:   # wrong blob id
         with bounded(20), pytest.raises(tree.LockError, match="git blob id"):
-            prefetch.lock_from_hub("o/m", REV, endpoint=server.url, client=client(seconds=2))
+            prefetch.lock_from_hub("o/m", REV, endpoint=server.url, client=client(seconds=1))
 
 
 def test_a_slow_source_times_out():
@@ -351,10 +346,8 @@ def test_a_slow_source_times_out():
     from k3infra.weights import sources, tree
 
     with hs.HostileServer({"/k3/lock/": hs.slow_body()}) as server:
-        start = time.monotonic()
-        with bounded(20), pytest.raises(tree.LockError, match="no complete answer within 1.5 s"):
-            sources.fetch_lock(server.url, REV, "o/m", client(seconds=1.5))
-        assert time.monotonic() - start < 10
+        with bounded(20), pytest.raises(tree.LockError, match="no complete answer within 0.6 s"):
+            sources.fetch_lock(server.url, REV, "o/m", client())
 
 
 # ---- the commands, end to end --------------------------------------------------------------
@@ -367,17 +360,15 @@ def _k3infra(*argv, env=None, timeout=60):
 
 @pytest.mark.parametrize("route, needle", [
     (hs.endless(), "sent more than the 22 bytes listed"),
-    (hs.slow_body(interval=0.5, length=22), "deadline of 3 s"),
+    (hs.slow_body(interval=0.5, length=22), "deadline of 1 s"),
     (hs.redirect("file:///etc/passwd"), "scheme file: is refused"),
 ])
 def test_weights_lock_hub_against_a_hostile_hub(tmp_path, route, needle):
     out = tmp_path / "lock.json"
     with hs.HostileServer(_hub_routes(route)) as server:
-        start = time.monotonic()
-        done = _k3infra("weights", "lock", "--hub", "o/m", "--revision", REV, "--timeout", "3",
+        done = _k3infra("weights", "lock", "--hub", "o/m", "--revision", REV, "--timeout", "1",
                         "--out", str(out), env={"HF_ENDPOINT": server.url,
                                                 "HF_HUB_OFFLINE": "0"})
-        assert time.monotonic() - start < 30
     assert done.returncode == 1, done.stderr
     assert needle in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -387,9 +378,9 @@ def test_weights_lock_hub_against_a_hostile_hub(tmp_path, route, needle):
 def test_weights_lock_sources_against_a_slow_source(tmp_path):
     with hs.HostileServer({"/": hs.slow_body()}) as server:
         done = _k3infra("weights", "lock", "--hub", "o/m", "--revision", REV, "--sources",
-                        server.url, "--timeout", "2", "--out", str(tmp_path / "l.json"))
+                        server.url, "--timeout", "1", "--out", str(tmp_path / "l.json"))
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "no source gave the lock" in done.stderr and "deadline of 2 s" in done.stderr
+    assert "no source gave the lock" in done.stderr and "deadline of 1 s" in done.stderr
 
 
 def test_a_request_body_is_sent_and_never_handed_to_another_origin():
