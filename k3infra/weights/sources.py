@@ -1,9 +1,12 @@
-"""Where the prefetch takes bytes from: the Hub, or an in-cluster source of verified bytes,
-tried in order per file (standard library plus huggingface_hub: runs in pods).
+"""Where the prefetch takes bytes from: the Hub, the user's object store, or an in-cluster
+source of verified bytes, tried in order per file (standard library plus huggingface_hub,
+and obstore for a store: runs in pods).
 
 A source list is a comma-separated string (`K3_WEIGHTS_SOURCES`, `prefetch --sources`):
-`hub` (the Hugging Face Hub: HF_ENDPOINT, HF_TOKEN) or the base URL of an in-cluster
-source (`http://kimi-k3-weights-source-0:8080`). An in-cluster source is nginx serving a
+`hub` (the Hugging Face Hub: HF_ENDPOINT, HF_TOKEN), an object store's URL
+(`s3://bucket/prefix`, `gs://...`, `az://...`: k3weights.store, its own fetcher in
+prefetch.py) or the base URL of an in-cluster source
+(`http://kimi-k3-weights-source-0:8080`). An in-cluster source is nginx serving a
 verified copy read-only in the Hub's URL layout (`/<repo>/resolve/<revision>/<path>`,
 `X-Repo-Commit`, Range), so the very same huggingface_hub download path (`_Fetcher`: HEAD,
 then `http_get` with `Range` into the resumable partial file) runs against it, with
@@ -31,7 +34,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from . import tree
+from . import store, tree
 from .tree import FileEntry, Lock
 
 HUB = "hub"
@@ -52,16 +55,20 @@ def parse_sources(text: Optional[str]) -> list[str]:
     if not items:
         return [HUB]
     for s in items:
-        if s != HUB and not s.startswith(("http://", "https://")):
-            raise ValueError(f"source {s!r}: accepted 'hub' or an http(s):// base URL of an "
-                             "in-cluster source")
+        if store.is_store_url(s):
+            store.parse_store_url(s, aws=not store.StoreOptions.from_env().endpoint)
+        elif s != HUB and not s.startswith(("http://", "https://")):
+            raise ValueError(f"source {s!r}: accepted 'hub', an http(s):// base URL of an "
+                             f"in-cluster source, or an object store ({store.ACCEPTED_URL})")
     if len(set(items)) != len(items):
         raise ValueError(f"sources {text!r}: each source once")
     return items
 
 
 def label(source: str) -> str:
-    return "the Hub" if source == HUB else f"cluster source {source}"
+    if source == HUB:
+        return "the Hub"
+    return f"the store {source}" if store.is_store_url(source) else f"cluster source {source}"
 
 
 @dataclass
@@ -104,7 +111,7 @@ class SourceChain:
         with self._lock:
             return self._files.setdefault(entry.path, _FileState())
 
-    def __call__(self, entry: FileEntry) -> None:
+    def __call__(self, entry: FileEntry):
         state = self._state(entry)
         last = len(self.sources) - 1
         with self._lock:
@@ -130,7 +137,7 @@ class SourceChain:
             before = self._partial_size(entry)
             state.running = i
             try:
-                self._fetchers[i](entry)
+                result = self._fetchers[i](entry)
             except Exception as exc:
                 if state.calls != call:
                     raise                 # abandoned as stalled: a newer call owns the file
@@ -150,7 +157,7 @@ class SourceChain:
             # Renamed into place: this source wrote what was still missing.
             state.running = None
             self._credit(source, state, entry.size - before, ok=True)
-            return
+            return result         # a store's fetcher hands back the hash it computed
 
     def _credit(self, source: str, state: _FileState, nbytes: int, ok: bool) -> None:
         with self._lock:
@@ -223,7 +230,8 @@ def lock_from_sources(sources: list[str], repo: str, revision: str, *,
                 if hub_lock is None:
                     raise tree.LockError("no Hub lock builder")
                 return hub_lock()
-            lock = fetch_lock(source, revision, repo)
+            lock = (store.fetch_lock(store.parse_store_url(source), repo, revision)
+                    if store.is_store_url(source) else fetch_lock(source, revision, repo))
             say(f"lock: {repo}@{revision} from {label(source)}")
             return lock
         except Exception as exc:          # next source; every failure is reported at the end
