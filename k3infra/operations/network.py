@@ -144,8 +144,17 @@ def _to_sources(instance: str) -> dict:
             "ports": [{"port": fanout.SOURCE_PORT, "protocol": "TCP"}]}
 
 
+def store_egress(cfg: StackConfig) -> dict:
+    """The prefetch's way to k3:weights.store: its CIDRs (any, less the cluster's own, by
+    default) on the endpoint's port."""
+    store = cfg.weights.store
+    return {"to": internet_peers(store.cidrs, cfg),
+            "ports": [{"port": store.port, "protocol": "TCP"}]}
+
+
 def prefetch_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
-    egress = [dns_egress(cfg), hub_egress(cfg)]
+    # The origin: the Hub, or your object store instead (then no way to the Hub).
+    egress = [dns_egress(cfg), hub_egress(cfg) if cfg.weights.store is None else store_egress(cfg)]
     if fanout.serving_copies(cfg):
         egress.append(_to_sources(instance))      # this stack's in-cluster sources, their port
     return _policy(policy_names(names.base)["prefetch"], names, instance,

@@ -56,7 +56,10 @@ def parse_sources(text: Optional[str]) -> list[str]:
         return [HUB]
     for s in items:
         if store.is_store_url(s):
-            store.parse_store_url(s, aws=not store.StoreOptions.from_env().endpoint)
+            try:
+                store.parse_store_url(s, aws=not store.StoreOptions.from_env().endpoint)
+            except store.StoreError as exc:
+                raise ValueError(f"source {s!r}: {exc}") from None
         elif s != HUB and not s.startswith(("http://", "https://")):
             raise ValueError(f"source {s!r}: accepted 'hub', an http(s):// base URL of an "
                              f"in-cluster source, or an object store ({store.ACCEPTED_URL})")

@@ -174,35 +174,36 @@ class StoreUrl:
 
 
 def parse_store_url(text: str, *, aws: bool = True) -> StoreUrl:
-    """`s3://bucket/models` -> StoreUrl; StoreError naming the value and what is accepted.
+    """`s3://bucket/models` -> StoreUrl; StoreError saying what is wrong and what is
+    accepted (the caller names the key or argument and the value).
     `aws`: an S3 URL without a custom endpoint (AWS's reserved bucket names apply)."""
     if not isinstance(text, str) or "://" not in text:
-        raise StoreError(f"{text!r}: accepted {ACCEPTED_URL}")
+        raise StoreError(f"accepted {ACCEPTED_URL}")
     scheme, rest = text.split("://", 1)
     if scheme not in SCHEMES:
-        raise StoreError(f"{text!r}: unknown scheme {scheme!r}; accepted {ACCEPTED_URL}")
+        raise StoreError(f"unknown scheme {scheme!r}; accepted {ACCEPTED_URL}")
     if any(c in rest for c in "?#@") or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in rest):
-        raise StoreError(f"{text!r}: a store URL holds no query, fragment, credentials, space "
+        raise StoreError(f"a store URL holds no query, fragment, credentials, space "
                          f"or control character; accepted {ACCEPTED_URL}")
     parts = rest.rstrip("/").split("/")
     account = None
     if scheme == "az":
         if len(parts) < 2:
-            raise StoreError(f"{text!r}: accepted az://ACCOUNT/CONTAINER[/PREFIX]")
+            raise StoreError("accepted az://ACCOUNT/CONTAINER[/PREFIX]")
         account = parts.pop(0)
         problem = azure_account_problem(account)
         if problem:
-            raise StoreError(f"{text!r}: account {account!r} {problem}")
+            raise StoreError(f"account {account!r} {problem}")
     bucket, prefix = parts[0], "/".join(parts[1:])
     problem = {"s3": lambda: s3_bucket_problem(bucket, aws), "gs": lambda: gcs_bucket_problem(bucket),
                "az": lambda: azure_container_problem(bucket)}[scheme]()
     if problem:
         what = "container" if scheme == "az" else "bucket"
-        raise StoreError(f"{text!r}: {what} {bucket!r} {problem} ({SCHEMES[scheme]})")
+        raise StoreError(f"{what} {bucket!r} {problem} ({SCHEMES[scheme]})")
     if prefix:
         problem = prefix_problem(prefix)
         if problem:
-            raise StoreError(f"{text!r}: prefix {prefix!r} {problem}")
+            raise StoreError(f"prefix {prefix!r} {problem}")
     return StoreUrl(scheme=scheme, bucket=bucket, prefix=prefix, account=account)
 
 
