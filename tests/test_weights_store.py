@@ -80,7 +80,7 @@ def prefetch(r, name=JOB) -> tuple[dict, dict]:
      "is plain HTTP: set k3:weights.store.allowHttp true to choose that (the bytes are still "
      "hashed against the lock; the credentials travel in the clear)"),
     ({"url": "s3://weights/m", "endpoint": "minio.internal:9000"}, "k3:weights.store.endpoint",
-     "must be an http(s)://host[:port] URL"),
+     "must be an http(s):// URL"),
     ({"url": "s3://weights/m", "credentialsSecret": "s3-keys", "serviceAccount": "weights-reader"},
      "k3:weights.store",
      "set credentialsSecret or serviceAccount, not both: the prefetch reads the store with "

@@ -19,6 +19,8 @@ from k3infra.fieldtypes import (
 # A region name as S3 APIs take it (AWS's us-east-1, an S3-compatible store's own name).
 StoreRegion, _ = pattern(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?", "must be a region name (lowercase "
                          "letters, digits, '-' and '_', at most 63)", 63)
+# The store's URL (its rules: k3infra.weights.store.parse_store_url, checked after this).
+StoreUrlText, _ = pattern(r"[a-z0-9]+://\S+", "must be " + store.ACCEPTED_URL, 2048)
 DomainLabel, _ = pattern(LABEL_KEY_REGEX, "a node label key naming the node's NVLink domain, such "
                          "as nvidia.com/gpu.clique (set by GPU feature discovery on multi-node "
                          "NVLink trays)", 317)
@@ -224,7 +226,7 @@ class StoreConfig(_Section):
     allow_http: bool = Field(default=False, alias="allowHttp")
     # An S3-compatible endpoint (MinIO, Ceph RGW, SeaweedFS, R2, OCI's or Nebius' S3 API),
     # an Azure or GCS endpoint of your own; unset: the provider's public endpoint.
-    endpoint: Optional[str] = Field(default=None, max_length=2048)
+    endpoint: Optional[HttpUrl] = None
     region: Optional[StoreRegion] = None
     # An existing Secret in the stack's namespace holding the provider's keys
     # (docs/weights.md lists them); read by the prefetch Job alone.
@@ -238,7 +240,7 @@ class StoreConfig(_Section):
     # Expected download rate of one node from the store, GB/s: the download phase of the
     # cold start (the prefetch Job's timeout and the fill plan). Conservative on purpose.
     node_gbps: GBps = Field(default=2.0, alias="nodeGBps")
-    url: str = Field(max_length=2048)
+    url: StoreUrlText
 
     @field_validator("endpoint")
     @classmethod
