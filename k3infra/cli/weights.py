@@ -40,7 +40,7 @@ def add_mirror_command(sub) -> None:
     mi.add_argument("--allow-http", action="store_true", help="allow a plain-HTTP endpoint")
     mi.add_argument("--check", action="store_true",
                     help="read and hash every object already in the store (default: trust the "
-                    "k3-sha256 metadata this command writes; others are read)")
+                    "k3sha256 metadata this command writes; others are read)")
     mi.add_argument("--dry-run", action="store_true",
                     help="report what does not match the lock; upload nothing (exit 1 if anything)")
     mi.add_argument("--workers", type=int, default=4, help="files judged or uploaded at once (default 4)")

@@ -9,7 +9,7 @@ the provider's own, from the operator's environment (obstore reads them).
 Each object already in the store is judged before anything is uploaded:
 
 - missing, or of another size than the lock's: uploaded (reported file by file);
-- carrying the `k3-sha256` metadata this command writes, equal to the lock's: kept;
+- carrying the `k3sha256` metadata this command writes, equal to the lock's: kept;
 - without it, or with another value, or every object with `--check`: read and hashed;
   kept when the bytes hash to the lock's sha256, reported and uploaded again otherwise.
 
@@ -35,7 +35,9 @@ from k3infra.weights import store as store_mod
 from k3infra.weights import tree, verify
 from k3infra.weights.tree import FileEntry, Lock, Problem
 
-SHA_ATTRIBUTE = "k3-sha256"     # user metadata on every object this command uploads
+# User metadata on every object this command uploads: letters and digits only, since
+# Azure takes C# identifiers as metadata names (Azurite refused `k3-sha256`).
+SHA_ATTRIBUTE = "k3sha256"
 UPLOAD_CHUNK = 64 << 20         # multipart part size
 UPLOAD_CONCURRENCY = 8          # parts of one object in flight
 WORKERS = 4                     # files judged or uploaded at once
@@ -75,10 +77,12 @@ class _FromHub:
         from huggingface_hub import hf_hub_download
 
         self.download, self.lock, self.staging, self.token = hf_hub_download, lock, staging, token
+        # Read now, not at huggingface_hub's import: the endpoint of this run.
+        self.endpoint = os.environ.get("HF_ENDPOINT") or None
 
     def __call__(self, entry: FileEntry) -> str:
         return self.download(self.lock.repo, entry.path, revision=self.lock.revision,
-                             local_dir=self.staging, token=self.token)
+                             local_dir=self.staging, token=self.token, endpoint=self.endpoint)
 
     def done(self, path: str) -> None:
         os.unlink(path)                 # staged only as long as its upload
@@ -165,8 +169,9 @@ def mirror(lock: Lock, url: store_mod.StoreUrl, *, options: Optional[store_mod.S
                 return Problem(entry.path, f"{problem}; not uploaded")
             obstore.put(store, key_of[entry.path], Path(path), attributes={SHA_ATTRIBUTE: entry.sha256},
                         chunk_size=UPLOAD_CHUNK, max_concurrency=UPLOAD_CONCURRENCY)
-        except OSError as exc:
-            return Problem(entry.path, f"cannot upload it: {exc}")
+        except Exception as exc:        # the store's answer: denied, unreachable, refused...
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return Problem(entry.path, f"cannot upload it: {type(exc).__name__}: {first}")
         finally:
             if source_dir is None and os.path.exists(path):
                 source.done(path)
