@@ -149,7 +149,8 @@ NOT_RUN: dict[str, list[str]] = {
         "x86_64-manylinux_2_28 /tmp/vllm-resolve/requirements/build.txt -o images/build.lock",
         "uv pip compile $IDX --generate-hashes --python-version 3.12 --python-platform "
         "x86_64-manylinux_2_28 -c images/build.lock -c /tmp/k3-runtime-constraints.txt "
-        "/tmp/vllm-resolve/requirements/cuda.txt /tmp/k3-runtime-bench.txt -o images/runtime.lock",
+        "/tmp/vllm-resolve/requirements/cuda.txt /tmp/k3-runtime-bench.txt /tmp/k3-runtime-store.txt "
+        "-o images/runtime.lock",
         "docker buildx imagetools inspect registry.example.com/k3/vllm@sha256:<digest> "
         "--format '{{json .Image.Config.Labels}}'",
     ],
@@ -187,7 +188,8 @@ NOT_RUN: dict[str, list[str]] = {
     LOCKS: ['IDX="--index-url https://pypi.org/simple --extra-index-url '
             'https://download.pytorch.org/whl/cu130"',
             "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt",
-            "echo 'pandas' > /tmp/k3-runtime-bench.txt"],
+            "echo 'pandas' > /tmp/k3-runtime-bench.txt",
+            "echo 'obstore==0.12.1' > /tmp/k3-runtime-store.txt"],
     GPU: [
         'G="python3 benchmarks/gpu_start.py --work /root/k3gpu"',
         "$G prepare --shape 4096,32,14336 --mkmodel ../shared/gpu/mkmodel.py --engine-wheel vllm-0.25.0-*.whl",
