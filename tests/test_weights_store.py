@@ -167,6 +167,23 @@ def test_workload_identity_is_the_prefetch_pods_service_account(url, label):
     assert not {k for k in env_of(c) if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
 
 
+def test_virtual_hosted_style_names_the_bucket_in_the_endpoint():
+    """CoreWeave AI Object Storage takes virtual-hosted requests only (its documentation):
+    the endpoint is the bucket's own host, and the pod is told to address it so."""
+    r = render("existing", PIN, store(url="s3://k3-weights/models", endpoint="http://k3-weights.cwlota.com",
+                                      allowHttp=True, virtualHostedStyle=True,
+                                      credentialsSecret="k3-store-keys"))
+    env = env_of(prefetch(r)[1])
+    assert (env["K3_STORE_ENDPOINT"], env["K3_STORE_VIRTUAL_HOSTED"]) == \
+        ("http://k3-weights.cwlota.com", "true")
+    with pytest.raises(ConfigError) as err:
+        render("existing", PIN, store(url="s3://k3-weights/models", endpoint="https://cwobject.com",
+                                      virtualHostedStyle=True))
+    assert (err.value.key, err.value.accepted) == (
+        "k3:weights.store", "virtualHostedStyle needs an endpoint whose host starts with the "
+        "bucket, https://k3-weights.<store host>")
+
+
 def test_plain_http_to_an_endpoint_is_an_explicit_choice():
     r = render("existing", PIN, store(url="s3://k3-weights/models", endpoint="http://10.0.5.9:9000",
                                       allowHttp=True, cidrs=["10.0.5.9/32"],

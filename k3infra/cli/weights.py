@@ -38,6 +38,8 @@ def add_mirror_command(sub) -> None:
     mi.add_argument("--endpoint", help="an S3-compatible, GCS or Azure endpoint (k3:weights.store.endpoint)")
     mi.add_argument("--region", help="the S3 region (k3:weights.store.region)")
     mi.add_argument("--allow-http", action="store_true", help="allow a plain-HTTP endpoint")
+    mi.add_argument("--virtual-hosted", action="store_true",
+                    help="S3: the bucket in the host name (the endpoint is https://BUCKET.host)")
     mi.add_argument("--check", action="store_true",
                     help="read and hash every object already in the store (default: trust the "
                     "k3sha256 metadata this command writes; others are read)")
@@ -190,7 +192,7 @@ def _mirror(args: argparse.Namespace) -> int:
 
     out = _Out()
     options = store.StoreOptions(endpoint=args.endpoint, region=args.region,
-                                 allow_http=args.allow_http)
+                                 allow_http=args.allow_http, virtual_hosted=args.virtual_hosted)
     try:
         url = store.parse_store_url(args.to, aws=not args.endpoint)
         if args.endpoint:

@@ -228,6 +228,9 @@ class StoreConfig(_Section):
     # an Azure or GCS endpoint of your own; unset: the provider's public endpoint.
     endpoint: Optional[HttpUrl] = None
     region: Optional[StoreRegion] = None
+    # S3 stores that refuse path-style requests (CoreWeave AI Object Storage): the bucket
+    # in the host name; the endpoint is then the bucket's own host (https://BUCKET.host).
+    virtual_hosted_style: bool = Field(default=False, alias="virtualHostedStyle")
     # An existing Secret in the stack's namespace holding the provider's keys
     # (docs/weights.md lists them); read by the prefetch Job alone.
     credentials_secret: Optional[DnsSubdomain] = Field(default=None, alias="credentialsSecret")
@@ -262,6 +265,11 @@ class StoreConfig(_Section):
 
     @model_validator(mode="after")
     def _one_identity(self) -> "StoreConfig":
+        if self.virtual_hosted_style:
+            problem = store.virtual_hosted_problem(store.parse_store_url(self.url, aws=False),
+                                                   self.endpoint)
+            if problem:
+                raise ValueError(f"virtualHostedStyle {problem}")
         if self.credentials_secret and self.service_account:
             raise ValueError("set credentialsSecret or serviceAccount, not both: the prefetch "
                              "reads the store with one identity")

@@ -25,6 +25,7 @@ from k3infra.weights import RUNTIME_FILES, SHARED_FILES, fanout, runtime_paths
 from k3infra.weights.store import ALLOW_HTTP_ENV as STORE_ALLOW_HTTP_ENV
 from k3infra.weights.store import ENDPOINT_ENV as STORE_ENDPOINT_ENV
 from k3infra.weights.store import REGION_ENV as STORE_REGION_ENV
+from k3infra.weights.store import VIRTUAL_HOSTED_ENV as STORE_VIRTUAL_HOSTED_ENV
 
 WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in pods
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
@@ -271,7 +272,8 @@ def store_env(cfg: StackConfig) -> list[dict]:
     store = cfg.weights.store
     env = []
     for name, value in ((STORE_ENDPOINT_ENV, store.endpoint), (STORE_REGION_ENV, store.region),
-                        (STORE_ALLOW_HTTP_ENV, "true" if store.allow_http else None)):
+                        (STORE_ALLOW_HTTP_ENV, "true" if store.allow_http else None),
+                        (STORE_VIRTUAL_HOSTED_ENV, "true" if store.virtual_hosted_style else None)):
         if value:
             env.append({"name": name, "value": value})
     if store.credentials_secret:

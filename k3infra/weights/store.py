@@ -53,6 +53,7 @@ LOCK_SUFFIX = ".lock.json"
 ENDPOINT_ENV = "K3_STORE_ENDPOINT"
 REGION_ENV = "K3_STORE_REGION"
 ALLOW_HTTP_ENV = "K3_STORE_ALLOW_HTTP"
+VIRTUAL_HOSTED_ENV = "K3_STORE_VIRTUAL_HOSTED"
 PART_BYTES_ENV = "K3_STORE_PART_BYTES"
 PARTS_ENV = "K3_STORE_PARTS_PER_FILE"
 # One ranged GET per part, several parts of a file in flight: object stores serve one
@@ -231,12 +232,28 @@ class StoreOptions:
     endpoint: Optional[str] = None
     region: Optional[str] = None
     allow_http: bool = False
+    # S3 only: the bucket in the host name (https://BUCKET.example.com, the endpoint then
+    # names the bucket's own host), for stores that refuse path-style requests.
+    virtual_hosted: bool = False
 
     @classmethod
     def from_env(cls) -> "StoreOptions":
         return cls(endpoint=os.environ.get(ENDPOINT_ENV) or None,
                    region=os.environ.get(REGION_ENV) or None,
-                   allow_http=os.environ.get(ALLOW_HTTP_ENV, "").lower() == "true")
+                   allow_http=os.environ.get(ALLOW_HTTP_ENV, "").lower() == "true",
+                   virtual_hosted=os.environ.get(VIRTUAL_HOSTED_ENV, "").lower() == "true")
+
+
+def virtual_hosted_problem(url: "StoreUrl", endpoint: Optional[str]) -> Optional[str]:
+    """Virtual-hosted style names the bucket in the endpoint's host: say so before a
+    request goes to another bucket's host."""
+    if url.scheme != "s3":
+        return "is for s3:// stores only"
+    host = urlsplit(endpoint).hostname if endpoint else None
+    if not host or not host.startswith(f"{url.bucket}."):
+        return (f"needs an endpoint whose host starts with the bucket, "
+                f"https://{url.bucket}.<store host>")
+    return None
 
 
 def open_store(url: StoreUrl, options: Optional[StoreOptions] = None):
@@ -256,6 +273,11 @@ def open_store(url: StoreUrl, options: Optional[StoreOptions] = None):
         extra = {"endpoint": opts.endpoint} if opts.endpoint else {}
         if opts.region:
             extra["region"] = opts.region
+        if opts.virtual_hosted:
+            problem = virtual_hosted_problem(url, opts.endpoint)
+            if problem:
+                raise StoreError(f"virtual-hosted style {problem}")
+            extra["virtual_hosted_style_request"] = True
         return S3Store(url.bucket, prefix=prefix, client_options=client, **extra)
     if url.scheme == "gs":
         extra = {"base_url": opts.endpoint} if opts.endpoint else {}
