@@ -92,8 +92,15 @@ LOCKS = "a step of regenerating images/*.lock from PyPI and the PyTorch index (n
 GPU = ("needs a CUDA host with vLLM (benchmarks/gpu_start.py; the device tool's H200) or the "
        "vLLM CPU venv of the benchmark's --cpu run, and minutes")
 OWN_RECEIPT = "needs your own receipt file (one `k3infra bench receipt` wrote)"
+STORE = ("needs your object store and its credentials (tests/test_weights_store_servers.py "
+         "runs the mirror against loopback S3, GCS and Azure servers)")
 NOT_RUN: dict[str, list[str]] = {
     SUITE: ["make test"],
+    STORE: [
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
+        "--region us-east-2",
+        "k3infra weights mirror /data/Kimi-K3 --lock kimi-k3.lock.json --to s3://k3-weights/models",
+    ],
     PULUMI: [
         "mkdir -p ~/.pulumi-k3 && pulumi login file://$HOME/.pulumi-k3",
         "pulumi stack init existing",
