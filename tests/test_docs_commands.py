@@ -100,6 +100,13 @@ NOT_RUN: dict[str, list[str]] = {
         "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
         "--region us-east-2",
         "k3infra weights mirror /data/Kimi-K3 --lock kimi-k3.lock.json --to s3://k3-weights/models",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --region us-east-1",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --endpoint "
+        "https://<namespace>.compat.objectstorage.us-ashburn-1.oraclecloud.com --region us-ashburn-1",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --endpoint "
+        "https://storage.eu-north1.nebius.cloud --region eu-north1",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --endpoint "
+        "https://k3-weights.cwobject.com --virtual-hosted",
     ],
     PULUMI: [
         "mkdir -p ~/.pulumi-k3 && pulumi login file://$HOME/.pulumi-k3",
@@ -162,6 +169,8 @@ NOT_RUN: dict[str, list[str]] = {
         "--format '{{json .Image.Config.Labels}}'",
     ],
     CLUSTER: [
+        "kubectl -n kimi-k3 create secret generic k3-store-keys "
+        "--from-literal=AWS_ACCESS_KEY_ID=… --from-literal=AWS_SECRET_ACCESS_KEY=…",
         "kubectl create namespace kimi-k3-build",
         "kubectl -n kimi-k3-build create secret docker-registry k3-registry-push "
         "--docker-server=registry.example.com --docker-username=… --docker-password=…",
