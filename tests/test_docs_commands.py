@@ -97,6 +97,8 @@ STORE = ("needs your object store and its credentials (tests/test_weights_store_
 NOT_RUN: dict[str, list[str]] = {
     SUITE: ["make test"],
     STORE: [
+        ".venv/bin/k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
+        "--region us-east-1",
         "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
         "--region us-east-2",
         "k3infra weights mirror /data/Kimi-K3 --lock kimi-k3.lock.json --to s3://k3-weights/models",
@@ -132,6 +134,9 @@ NOT_RUN: dict[str, list[str]] = {
         "pulumi plugin install resource terraform-provider 1.5.0",
         "pulumi stack init nebius",
         "pulumi stack init coreweave",
+        "pulumi config set --path k3:weights.store.url s3://k3-weights/models",
+        "pulumi config set --path k3:weights.store.region us-east-1",
+        "pulumi config set --path k3:weights.store.serviceAccount k3-weights-reader",
     ],
     DOCKER: [
         "docker compose up -d && docker compose logs -f prefetch",
