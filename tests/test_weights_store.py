@@ -231,3 +231,31 @@ def test_a_docker_host_has_no_store():
     with pytest.raises(ConfigError) as err:
         render("host", PIN, store(url="s3://k3-weights/models"))
     assert err.value.key == "k3:weights.store"
+
+
+def test_the_node_tiers_store_keys_render_as_the_node_stack_would_set_them(tmp_path):
+    """tests/e2e/store_node.py's keys (the S3 server on the node's address in the test's
+    network namespace): accepted offline, plain HTTP chosen, egress to that address only."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
+    import store_node
+    from store_servers import StoreServer
+
+    server = StoreServer("s3", tmp_path, "10.231.0.2", 17070, argv=[])
+    (flag, key, value), = store_node.stack_keys(server)
+    r = render("existing", PIN, f"{key.split(':', 1)[1]}={value}")
+    pod, c = prefetch(r)
+    env = env_of(c)
+    assert env["K3_WEIGHTS_SOURCES"] == "s3://weights/models"
+    assert (env["K3_STORE_ENDPOINT"], env["K3_STORE_ALLOW_HTTP"]) == ("http://10.231.0.2:17070", "true")
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "k3-store-keys",
+                                                         "key": "AWS_ACCESS_KEY_ID"}}
+    assert manifest(r, "NetworkPolicy", JOB)["spec"]["egress"][1] == {
+        "to": [{"ipBlock": {"cidr": "10.231.0.2/32"}}], "ports": [{"port": 17070, "protocol": "TCP"}]}
+    assert store_node.secret("kimi-k3")["stringData"].keys() == {"AWS_ACCESS_KEY_ID",
+                                                                 "AWS_SECRET_ACCESS_KEY"}
+    assert store_node.refusal("model.safetensors").search(
+        "  model.safetensors: wrong hash: sha256 " + "a" * 64 + ", the lock says " + "b" * 64
+        + " after 3 download(s); deleted")
