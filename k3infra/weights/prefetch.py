@@ -62,6 +62,7 @@ import random
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -451,6 +452,8 @@ class _StoreFetcher:
         self.lock, self.dest = lock, dest
         self.url = store_mod.parse_store_url(source, aws=not store_mod.StoreOptions.from_env().endpoint)
         self.reader = store_mod.ObjectReader(self.url, store_mod.open_store(self.url), files=workers)
+        self.hash_cpu_seconds = 0.0         # of the hashing while writing (the report's)
+        self._cpu = threading.Lock()
 
     def __call__(self, entry: FileEntry) -> tree.FileHash:
         key = self.url.tree_key(self.lock.repo, self.lock.revision, entry.path)
@@ -466,11 +469,17 @@ class _StoreFetcher:
             if have > entry.size:
                 watch.guarded(entry.path, attempt, lambda: fh.truncate(0))
                 have = 0
+            spent = time.thread_time()
             digest = _hash_prefix(partial, have)
             out = _GuardedFile(fh, watch, entry.path, attempt)
+            hashing = time.thread_time() - spent
             for chunk in self.reader.read_ordered(key, have, entry.size):
                 out.write(chunk)
+                spent = time.thread_time()
                 digest.update(chunk)
+                hashing += time.thread_time() - spent
+            with self._cpu:
+                self.hash_cpu_seconds += hashing
             fh.flush()
             os.fsync(fh.fileno())
         final = os.path.join(self.dest, entry.path)
@@ -606,6 +615,8 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
                                interval=interval, watch=watch)
         finally:
             if chain is not None:
+                report.hash_cpu_seconds += sum(getattr(f, "hash_cpu_seconds", 0.0)
+                                               for f in chain.fetchers)
                 report.sources = chain.counts
                 report.refused_by_lock, report.failovers = chain.refused_by_lock, chain.failovers
         # Files already on disk that hashed right and were not fetched again.

@@ -99,7 +99,7 @@ class SourceChain:
     def __init__(self, sources: list[str], make_fetcher: Callable[[str], Callable[[FileEntry], None]],
                  partial_size: Callable[[FileEntry], int], say: Emit):
         self.sources = list(sources)
-        self._fetchers = [make_fetcher(s) for s in self.sources]
+        self.fetchers = [make_fetcher(s) for s in self.sources]
         self._partial_size = partial_size
         self._say = say
         self._lock = threading.Lock()
@@ -140,7 +140,7 @@ class SourceChain:
             before = self._partial_size(entry)
             state.running = i
             try:
-                result = self._fetchers[i](entry)
+                result = self.fetchers[i](entry)
             except Exception as exc:
                 if state.calls != call:
                     raise                 # abandoned as stalled: a newer call owns the file
