@@ -27,7 +27,6 @@ Nothing a source sends is trusted: every file is hashed against the lock as it l
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import urllib.request
@@ -210,13 +209,7 @@ def fetch_lock(source: str, lock_revision: str, repo: str) -> Lock:
     url = source + LOCK_ROUTE.format(revision=lock_revision)
     with urllib.request.urlopen(url, timeout=30) as resp:      # noqa: S310 (http(s) only)
         raw = resp.read(LOCK_BYTES_MAX + 1)
-    if len(raw) > LOCK_BYTES_MAX:
-        raise tree.LockError(f"{url}: lock larger than {LOCK_BYTES_MAX} bytes")
-    lock = tree.parse_lock(json.loads(raw.decode("utf-8")))
-    if lock.repo != repo or lock.revision != lock_revision:
-        raise tree.LockError(f"{url}: the source's lock pins {lock.repo}@{lock.revision}, "
-                             f"wanted {repo}@{lock_revision}")
-    return lock
+    return tree.parse_served_lock(raw, url, repo, lock_revision, LOCK_BYTES_MAX)
 
 
 def lock_from_sources(sources: list[str], repo: str, revision: str, *,
