@@ -231,8 +231,9 @@ def lock_from_sources(sources: list[str], repo: str, revision: str, *,
             say(f"lock: {repo}@{revision} from {label(source)}")
             return lock
         except Exception as exc:          # next source; every failure is reported at the end
-            errors.append(f"{label(source)}: {type(exc).__name__}: {exc}")
-            say(f"lock: {label(source)} failed ({type(exc).__name__}: {exc}); trying the next source")
+            first = (str(exc).strip().splitlines() or [""])[0]     # a store's errors run long
+            errors.append(f"{label(source)}: {type(exc).__name__}: {first}")
+            say(f"lock: {label(source)} failed ({type(exc).__name__}: {first}); trying the next source")
     raise tree.LockError("no source gave the lock: " + "; ".join(errors))
 
 

@@ -263,7 +263,12 @@ def open_store(url: StoreUrl, options: Optional[StoreOptions] = None):
         problem = endpoint_problem(opts.endpoint, opts.allow_http)
         if problem:
             raise StoreError(f"endpoint {opts.endpoint!r} {problem}")
-    from obstore.store import AzureStore, GCSStore, S3Store   # only pods that read a store need it
+    try:
+        from obstore.store import AzureStore, GCSStore, S3Store   # only pods that read a store need it
+    except ImportError:
+        raise StoreError("obstore is not installed in this image: k3:weights.store needs it (the "
+                         "shipped recipe's runtime.lock carries it; a released vLLM image does "
+                         "not: docs/weights.md, from your own object store)") from None
 
     client = {"allow_http": opts.allow_http, "timeout": PART_TIMEOUT,
               "connect_timeout": CONNECT_TIMEOUT}
