@@ -354,3 +354,48 @@ def test_a_stalled_store_transfer_is_restarted_from_where_it_stopped(s3, tmp_pat
     assert any(f"{path}: no progress for 1 s at" in x and "restarting the transfer" in x
                for x in lines), lines
     assert verify.verify_tree(str(dest), lock).ok
+
+
+def test_the_rendered_job_fills_from_the_store_and_the_gate_holds_the_same_digest(s3, tmp_path,
+                                                                                 monkeypatch):
+    """The prefetch Job's container as a pod runs it (the rendered command and env, the
+    runtime ConfigMap's files, the Secret's keys): the lock from beside the tree, held to
+    the pinned digest by check-lock.sh, then the tree; the serving gate passes on it.
+    A lock in the store for another tree is refused before a single object is read."""
+    from conftest import GOOD_REVISION
+    from test_weights_pod_scripts import Pod, materialize, render, vllm_starts, container
+
+    files = make_repo(shards=2, shard_size=64 * 1024)
+    lock = tree.make_lock("moonshotai/Kimi-K3", GOOD_REVISION,
+                          [FileEntry(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()])
+    src = tmp_path / "src"
+    for path, data in files.items():
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
+        (src / path).write_bytes(data)
+    url = store.parse_store_url(s3.url("pods"), aws=False)
+    client(s3, monkeypatch, "pods")
+    assert mirror(lock, url, options=s3.options(), source_dir=str(src), emit=None).ok
+    keys = json.dumps({"url": s3.url("pods"), "endpoint": s3.endpoint, "allowHttp": True,
+                       "region": "us-east-1", "credentialsSecret": "k3-store-keys"})
+    r = render("existing", f"weightsRevision={GOOD_REVISION}", f"weights.store={keys}")
+    runtime = materialize(r, tmp_path)
+    job = next(m for m in r.manifests() if m["kind"] == "Job"
+               and m["metadata"]["name"] == "kimi-k3-weights-prefetch")
+    secret_env = dict(s3.env)          # what the Secret's secretKeyRefs put in the pod
+    pod = Pod(job["spec"]["template"]["spec"]["containers"][0], tmp_path, runtime, secret_env)
+    serving = Pod(container(r), tmp_path, runtime, {})
+    assert pod.env["K3_WEIGHTS_SOURCES"] == s3.url("pods")
+    # Another pinned digest: the store's lock is refused before a shard is fetched.
+    pod.env["K3_EXPECT_TREE_DIGEST"] = "sha256:" + "0" * 64
+    refused = pod.start()
+    assert refused.returncode != 0 and "not the measured tree" in refused.stderr, refused.stderr
+    assert f"lock: moonshotai/Kimi-K3@{GOOD_REVISION} from the store {s3.url('pods')}" in refused.stdout
+    assert not pod.tree.exists() and not Path(prefetch.staging_path(str(pod.tree))).exists()
+    for p in (pod, serving):
+        p.env["K3_EXPECT_TREE_DIGEST"] = lock.tree_digest
+    done = pod.start()
+    assert done.returncode == 0, done.stderr
+    assert f"the store {s3.url('pods')}: {len(files)} files" in done.stdout   # the lock kept, then the tree
+    first = serving.start()
+    assert first.returncode == 0 and "gate (warm) OK" in first.stdout, first.stderr
+    assert vllm_starts(tmp_path) == 1
