@@ -56,7 +56,7 @@ def test_a_render_without_kubernetes_objects_writes_no_manifests_folder(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "configs", "plan.json"]
     files = sorted(p.name for p in (tmp_path / "configs").iterdir())
     assert "etc-old-00000000" not in files
-    assert len(files) == 11 and files[0].startswith("etc-k3-proxy-nginx-conf-")
+    assert len(files) == 12 and files[0].startswith("etc-k3-proxy-nginx-conf-")
 
 
 def test_parents_and_ordering():

@@ -227,6 +227,15 @@ def test_the_download_phase_runs_at_the_stores_rate(receipt):
                            "1561.0 GB = 1x the tree; fill time for 1 copy ~780 s at store 2 GB/s")
 
 
+def test_a_hub_mirror_and_a_store_together_are_refused():
+    with pytest.raises(ConfigError) as err:
+        render("existing", PIN, "weights.hubEndpoint=https://hub.internal.example",
+               store(url="s3://k3-weights/models"))
+    assert (err.value.key, err.value.accepted) == (
+        "k3:weights.hubEndpoint", "has no effect with k3:weights.store: the store is the weights' "
+        "origin and no pod reads the Hub; unset one of the two")
+
+
 def test_a_docker_host_has_no_store():
     with pytest.raises(ConfigError) as err:
         render("host", PIN, store(url="s3://k3-weights/models"))
