@@ -97,8 +97,7 @@ STORE = ("needs your object store and its credentials (tests/test_weights_store_
 NOT_RUN: dict[str, list[str]] = {
     SUITE: ["make test"],
     STORE: [
-        ".venv/bin/k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
-        "--region us-east-1",
+        ".venv/bin/k3infra weights mirror --stack existing",
         "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
         "--region us-east-2",
         "k3infra weights mirror /data/Kimi-K3 --lock kimi-k3.lock.json --to s3://k3-weights/models",

@@ -399,3 +399,36 @@ def test_the_rendered_job_fills_from_the_store_and_the_gate_holds_the_same_diges
     first = serving.start()
     assert first.returncode == 0 and "gate (warm) OK" in first.stdout, first.stderr
     assert vllm_starts(tmp_path) == 1
+
+
+def test_the_mirror_takes_the_store_revision_and_lock_from_the_stack(s3, tmp_path):
+    """`mirror --stack NAME`: exactly what the stack's prefetch will read (its store, its
+    pinned revision and lock, the receipt's repo); flags that would disagree are refused."""
+    from conftest import GOOD_REVISION
+
+    files = make_repo(shards=2, shard_size=64 * 1024)
+    lock = tree.make_lock("moonshotai/Kimi-K3", GOOD_REVISION,
+                          [FileEntry(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()])
+    src = tmp_path / "src"
+    for path, data in files.items():
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
+        (src / path).write_bytes(data)
+    (tmp_path / "lock.json").write_text(tree.lock_to_json(lock))
+    keys = json.dumps({"url": s3.url("stack"), "endpoint": s3.endpoint, "allowHttp": True,
+                       "region": "us-east-1"})
+    cmd = [str(ROOT / ".venv/bin/k3infra"), "weights", "mirror", str(src), "--stack", "existing",
+           "--config", f"k3:weightsRevision={GOOD_REVISION}", "--config", f"k3:weights.store={keys}",
+           "--config", f"k3:weights.lockFile={tmp_path / 'lock.json'}", "--config", "k3:profile=custom"]
+    env = {**os.environ, **s3.env}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert f"mirror {s3.url('stack')}: {len(files)} files" in done.stdout
+    assert (s3.object_file(f"stack/moonshotai--Kimi-K3/{GOOD_REVISION}.lock.json").read_text()
+            == tree.lock_to_json(lock))
+    clash = subprocess.run([*cmd, "--to", "s3://other-bucket"], env=env, capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+    assert clash.returncode == 2 and len(clash.stderr.strip().splitlines()) == 1
+    assert "--stack existing takes the store, revision and lock from the stack: drop --to" in clash.stderr
+    hub_only = subprocess.run(cmd[:4] + ["--stack", "existing"], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+    assert hub_only.returncode == 2 and "k3:weights.store is not set" in hub_only.stderr

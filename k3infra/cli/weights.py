@@ -29,9 +29,14 @@ def add_mirror_command(sub) -> None:
                         "store, verified against the lock; the lock beside it")
     mi.add_argument("dir", nargs="?", help="a local tree to upload (with --lock); omit to take the "
                     "files from the Hub")
-    mi.add_argument("--to", required=True, metavar="URL",
+    mi.add_argument("--to", metavar="URL",
                     help="s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or az://ACCOUNT/CONTAINER[/PREFIX] "
                     "(k3:weights.store.url)")
+    mi.add_argument("--stack", help="take the store, the revision and the lock from this stack "
+                    "(k3:weights.store, k3:weightsRevision, k3:weights.lockFile; the receipt's "
+                    "repo) instead of --to and the flags below")
+    mi.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --stack: override a key, as `k3infra render --config` does")
     mi.add_argument("--lock", help="the lock to mirror (default: built from Hub metadata at --revision)")
     mi.add_argument("--hub", metavar="REPO", help="the Hub repo (default: the receipt's model)")
     mi.add_argument("--revision", help="40-hex commit (default: the lock's)")
@@ -184,6 +189,44 @@ def _prefetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _from_stack(args: argparse.Namespace) -> None:
+    """--stack NAME: the store, revision and lock the stack's prefetch will read, so the
+    mirror fills exactly what the stack pins (the stack file read as `render` reads it)."""
+    from k3infra.cli import UsageError
+    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.receipt import load_receipt
+    from k3infra.render import load_config, project_root
+
+    given = [f for f, v in (("--to", args.to), ("--endpoint", args.endpoint), ("--region", args.region),
+                            ("--revision", args.revision), ("--hub", args.hub), ("--lock", args.lock))
+             if v] + [f for f, v in (("--allow-http", args.allow_http),
+                                     ("--virtual-hosted", args.virtual_hosted)) if v]
+    if given:
+        raise UsageError(f"--stack {args.stack} takes the store, revision and lock from the stack: "
+                         f"drop {', '.join(given)} (or override keys with --config)")
+    receipt = load_receipt()
+    root = project_root()
+    try:
+        raw, secrets = load_config(args.stack, args.config, root)
+        cfg = parse_stack_config(raw, tuple(secrets), receipt=receipt)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    st = cfg.weights.store
+    if st is None:
+        raise UsageError(f"--stack {args.stack}: k3:weights.store is not set (the stack reads the "
+                         "Hub); set k3:weights.store.url first")
+    args.to, args.endpoint, args.region = st.url, st.endpoint, st.region
+    args.allow_http, args.virtual_hosted = st.allow_http, st.virtual_hosted_style
+    args.hub, args.revision = receipt.model.repo, cfg.weights_revision
+    if cfg.weights.lock_file is not None:
+        from k3infra.weights.lockcheck import load_stack_lock
+
+        try:
+            args.lock = load_stack_lock(receipt, cfg, root).path
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+
 def _mirror(args: argparse.Namespace) -> int:
     import os
 
@@ -191,6 +234,10 @@ def _mirror(args: argparse.Namespace) -> int:
     from k3infra.weights import store, tree
 
     out = _Out()
+    if args.stack:
+        _from_stack(args)
+    elif not args.to:
+        raise UsageError("give --to URL (or --stack NAME: the stack's k3:weights.store)")
     options = store.StoreOptions(endpoint=args.endpoint, region=args.region,
                                  allow_http=args.allow_http, virtual_hosted=args.virtual_hosted)
     try:
