@@ -455,6 +455,9 @@ class _StoreFetcher:
         self.hash_cpu_seconds = 0.0         # of the hashing while writing (the report's)
         self._cpu = threading.Lock()
 
+    def close(self) -> None:
+        self.reader.close()
+
     def __call__(self, entry: FileEntry) -> tree.FileHash:
         key = self.url.tree_key(self.lock.repo, self.lock.revision, entry.path)
         size = self.reader.size(key)
@@ -617,6 +620,8 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
             if chain is not None:
                 report.hash_cpu_seconds += sum(getattr(f, "hash_cpu_seconds", 0.0)
                                                for f in chain.fetchers)
+                for f in chain.fetchers:
+                    getattr(f, "close", lambda: None)()
                 report.sources = chain.counts
                 report.refused_by_lock, report.failovers = chain.refused_by_lock, chain.failovers
         # Files already on disk that hashed right and were not fetched again.

@@ -61,9 +61,10 @@ PARTS_ENV = "K3_STORE_PARTS_PER_FILE"
 # download workers x parts in flight x part size (8 x 8 x 16 MiB = 1 GiB by default).
 PART_BYTES = 16 << 20
 PARTS_IN_FLIGHT = 8
-# A ranged GET of one part must finish within this (obstore retries it with backoff); the
-# prefetch's stall watchdog covers a transfer that stops growing for longer.
-PART_TIMEOUT = "300s"
+# A ranged GET of one part (16 MiB: 16 s at 1 MB/s) must finish within this (obstore
+# retries it with backoff); the prefetch's stall watchdog restarts a transfer that stops
+# growing sooner, and an abandoned GET ends within this at the latest.
+PART_TIMEOUT = "120s"
 CONNECT_TIMEOUT = "30s"
 
 
