@@ -86,6 +86,9 @@ def prefetch(r, name=JOB) -> tuple[dict, dict]:
      "set credentialsSecret or serviceAccount, not both: the prefetch reads the store with "
      "one identity"),
     ({"endpoint": "https://minio.internal"}, "k3:weights.store.url", "is required"),
+    ({"url": "s3://weights/m"}, "k3:weights.store",
+     "set credentialsSecret (a Secret with the provider's keys) or serviceAccount (the cloud's "
+     "workload identity): the prefetch's NetworkPolicy keeps it off the node's metadata service"),
     ({"url": "s3://weights/m", "region": "US East"}, "k3:weights.store.region",
      "must be a region name (lowercase letters, digits, '-' and '_', at most 63)"),
 ])
@@ -100,7 +103,7 @@ def test_a_store_the_provider_would_refuse_is_one_line_before_anything_exists(ke
 def test_names_aws_refuses_are_accepted_by_an_s3_compatible_endpoint():
     """AWS's reserved prefixes and suffixes are AWS's: a MinIO or Ceph bucket may use them."""
     assert parse_store_url("s3://xn--weights/m", aws=False) == StoreUrl("s3", "xn--weights", "m")
-    r = render("existing", PIN, store(url="s3://sthree-weights/m",
+    r = render("existing", PIN, store(url="s3://sthree-weights/m", credentialsSecret="k3-store-keys",
                                       endpoint="https://rgw.internal:7480"))
     assert env_of(prefetch(r)[1])["K3_WEIGHTS_SOURCES"] == "s3://sthree-weights/m"
 
@@ -153,18 +156,26 @@ def test_each_provider_takes_its_own_keys_from_the_secret(url, keys):
     assert not {k for k in env if k.startswith("AWS_")}
 
 
-@pytest.mark.parametrize("url,label", [
-    ("s3://k3-weights/models", None),
-    ("gs://k3-weights/models", None),
-    ("az://k3acct/weights/models", "true"),
+@pytest.mark.parametrize("url,label,identity", [
+    ("s3://k3-weights/models", None, {"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}],
+                                      "ports": [{"port": 80, "protocol": "TCP"}]}),
+    ("gs://k3-weights/models", None, {"to": [{"ipBlock": {"cidr": "169.254.169.254/32"}}],
+                                      "ports": [{"port": 80, "protocol": "TCP"}]}),
+    ("az://k3acct/weights/models", "true", None),
 ])
-def test_workload_identity_is_the_prefetch_pods_service_account(url, label):
+def test_workload_identity_is_the_prefetch_pods_service_account(url, label, identity):
+    """The Job runs as the ServiceAccount; its policy reaches the node's identity endpoint
+    (EKS Pod Identity's agent, GKE's metadata server) and no other link-local address."""
     r = render("existing", PIN, store(url=url, serviceAccount="k3-weights-reader"))
     pod, c = prefetch(r)
     assert pod["spec"]["serviceAccountName"] == "k3-weights-reader"
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["metadata"]["labels"].get("azure.workload.identity/use") == label
     assert not {k for k in env_of(c) if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
+    egress = manifest(r, "NetworkPolicy", JOB)["spec"]["egress"]
+    assert egress[2:] == ([identity] if identity else [])
+    with_keys = render("existing", PIN, store(url=url, credentialsSecret="k3-store-keys"))
+    assert len(manifest(with_keys, "NetworkPolicy", JOB)["spec"]["egress"]) == 2
 
 
 def test_virtual_hosted_style_names_the_bucket_in_the_endpoint():
@@ -178,7 +189,7 @@ def test_virtual_hosted_style_names_the_bucket_in_the_endpoint():
         ("http://k3-weights.cwlota.com", "true")
     with pytest.raises(ConfigError) as err:
         render("existing", PIN, store(url="s3://k3-weights/models", endpoint="https://cwobject.com",
-                                      virtualHostedStyle=True))
+                                      virtualHostedStyle=True, credentialsSecret="k3-store-keys"))
     assert (err.value.key, err.value.accepted) == (
         "k3:weights.store", "virtualHostedStyle needs an endpoint whose host starts with the "
         "bucket, https://k3-weights.<store host>")
@@ -197,7 +208,7 @@ def test_plain_http_to_an_endpoint_is_an_explicit_choice():
 
 
 def test_the_prefetch_reaches_the_store_instead_of_the_hub():
-    r = render("existing", PIN, store(url="s3://k3-weights/models"))
+    r = render("existing", PIN, store(url="s3://k3-weights/models", credentialsSecret="k3-store-keys"))
     dns, origin = manifest(r, "NetworkPolicy", JOB)["spec"]["egress"]
     assert origin["ports"] == [{"port": 443, "protocol": "TCP"}]
     assert origin["to"][0] == {"ipBlock": {"cidr": "0.0.0.0/0", "except": [
@@ -218,8 +229,9 @@ def test_the_download_phase_runs_at_the_stores_rate(receipt):
     """The receipt's 1561.0 GB: from the Hub at downloadGBps 0.5 the prefetch Job may take
     2 x 3122 s + 1800 s; from the store at nodeGBps 2 (the default), 2 x 780.5 s + 1800 s."""
     hub = render("existing", PIN)
-    own = render("existing", PIN, store(url="s3://k3-weights/models"))
-    fast = render("existing", PIN, store(url="s3://k3-weights/models", nodeGBps=10))
+    own = render("existing", PIN, store(url="s3://k3-weights/models", credentialsSecret="k3-store-keys"))
+    fast = render("existing", PIN, store(url="s3://k3-weights/models", nodeGBps=10,
+                                         credentialsSecret="k3-store-keys"))
     assert [fanout.hub_fill_seconds(receipt, config_of(r, receipt)) for r in (hub, own, fast)] == \
         [8044, 3361, 2113]
     plan = fanout.fill_plan(receipt, config_of(own, receipt)).summary()
@@ -230,7 +242,7 @@ def test_the_download_phase_runs_at_the_stores_rate(receipt):
 def test_a_hub_mirror_and_a_store_together_are_refused():
     with pytest.raises(ConfigError) as err:
         render("existing", PIN, "weights.hubEndpoint=https://hub.internal.example",
-               store(url="s3://k3-weights/models"))
+               store(url="s3://k3-weights/models", credentialsSecret="k3-store-keys"))
     assert (err.value.key, err.value.accepted) == (
         "k3:weights.hubEndpoint", "has no effect with k3:weights.store: the store is the weights' "
         "origin and no pod reads the Hub; unset one of the two")
@@ -238,7 +250,7 @@ def test_a_hub_mirror_and_a_store_together_are_refused():
 
 def test_a_docker_host_has_no_store():
     with pytest.raises(ConfigError) as err:
-        render("host", PIN, store(url="s3://k3-weights/models"))
+        render("host", PIN, store(url="s3://k3-weights/models", credentialsSecret="k3-store-keys"))
     assert err.value.key == "k3:weights.store"
 
 

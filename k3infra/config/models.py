@@ -235,7 +235,8 @@ class StoreConfig(_Section):
     # (docs/weights.md lists them); read by the prefetch Job alone.
     credentials_secret: Optional[DnsSubdomain] = Field(default=None, alias="credentialsSecret")
     # An existing ServiceAccount bound to the cloud's workload identity (EKS IRSA or Pod
-    # Identity, GKE or Azure workload identity): the prefetch Job runs as it.
+    # Identity, GKE or Azure workload identity): the prefetch Job runs as it. One of the two
+    # is required.
     service_account: Optional[DnsSubdomain] = Field(default=None, alias="serviceAccount")
     # Where the prefetch may connect to reach the store (a cloud store has no fixed
     # addresses: any, less the cluster's own ranges; a store inside your network: its CIDRs).
@@ -273,6 +274,10 @@ class StoreConfig(_Section):
         if self.credentials_secret and self.service_account:
             raise ValueError("set credentialsSecret or serviceAccount, not both: the prefetch "
                              "reads the store with one identity")
+        if not self.credentials_secret and not self.service_account:
+            raise ValueError("set credentialsSecret (a Secret with the provider's keys) or "
+                             "serviceAccount (the cloud's workload identity): the prefetch's "
+                             "NetworkPolicy keeps it off the node's metadata service")
         return self
 
     @property
