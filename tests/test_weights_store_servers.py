@@ -415,7 +415,7 @@ def test_the_mirror_takes_the_store_revision_and_lock_from_the_stack(s3, tmp_pat
         (src / path).write_bytes(data)
     (tmp_path / "lock.json").write_text(tree.lock_to_json(lock))
     keys = json.dumps({"url": s3.url("stack"), "endpoint": s3.endpoint, "allowHttp": True,
-                       "region": "us-east-1"})
+                       "region": "us-east-1", "credentialsSecret": "k3-store-keys"})
     cmd = [str(ROOT / ".venv/bin/k3infra"), "weights", "mirror", str(src), "--stack", "existing",
            "--config", f"k3:weightsRevision={GOOD_REVISION}", "--config", f"k3:weights.store={keys}",
            "--config", f"k3:weights.lockFile={tmp_path / 'lock.json'}", "--config", "k3:profile=custom"]
