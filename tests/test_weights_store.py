@@ -280,3 +280,23 @@ def test_the_node_tiers_store_keys_render_as_the_node_stack_would_set_them(tmp_p
     assert store_node.refusal("model.safetensors").search(
         "  model.safetensors: wrong hash: sha256 " + "a" * 64 + ", the lock says " + "b" * 64
         + " after 3 download(s); deleted")
+
+
+def test_the_pod_runtime_refuses_a_store_source_in_one_line(tmp_path, capsys):
+    """`python3 -m k3weights prefetch --sources s3://...` (K3_WEIGHTS_SOURCES in the Job):
+    a store URL the provider would refuse is exit 2 and one line, before anything is read."""
+    from k3infra.weights import tree as t
+    from k3infra.weights.__main__ import PROG, main
+    from k3infra.weights.sources import parse_sources
+
+    assert parse_sources("s3://k3-weights/models,hub") == ["s3://k3-weights/models", "hub"]
+    lock = tmp_path / "lock.json"
+    lock.write_text(t.lock_to_json(t.make_lock("moonshotai/Kimi-K3", GOOD_REVISION, [])))
+    code = main(["prefetch", "--lock", str(lock), "--dest", str(tmp_path / "tree"),
+                 "--sources", "s3://Bad_Bucket/models"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [
+        f"{PROG} prefetch: source 's3://Bad_Bucket/models': bucket 'Bad_Bucket' must "
+        "be lowercase letters, digits, '.' and '-', starting and ending with a letter or digit "
+        "(the S3 API)"]
+    assert not (tmp_path / "tree").exists()
