@@ -130,6 +130,7 @@ def test_the_prefetch_reads_the_store_with_a_secret_by_reference_and_no_hub_toke
     assert env["K3_STORE_ENDPOINT"] == "https://s3.us-east-2.amazonaws.com"
     assert env["K3_STORE_REGION"] == "us-east-2"
     assert "K3_STORE_ALLOW_HTTP" not in env
+    assert env["K3_STORE_PARTS_PER_FILE"] == "8"     # 8 x 8 x 16 MiB = 1 GiB of 64 Gi
     assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "k3-store-keys", "key": "AWS_ACCESS_KEY_ID"}}
     assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "k3-store-keys",
                                                              "key": "AWS_SECRET_ACCESS_KEY"}}
@@ -300,3 +301,14 @@ def test_the_pod_runtime_refuses_a_store_source_in_one_line(tmp_path, capsys):
         "be lowercase letters, digits, '.' and '-', starting and ending with a letter or digit "
         "(the S3 API)"]
     assert not (tmp_path / "tree").exists()
+
+
+def test_the_read_window_fits_the_prefetch_containers_memory():
+    """8 files x parts in flight x 16 MiB stays within a quarter of the memory limit: a
+    2 Gi container (the node tier's) reads 4 parts per file at once (512 MiB), 1 Gi 2."""
+    def parts(limit):
+        r = render("existing", PIN, store(url="s3://k3-weights/models", credentialsSecret="k3-store-keys"),
+                   "weights.prefetchResources.memoryGi=0.5", f"weights.prefetchResources.memoryLimitGi={limit}")
+        return env_of(prefetch(r)[1])["K3_STORE_PARTS_PER_FILE"]
+
+    assert [parts(2), parts(1), parts(0.5)] == ["4", "2", "1"]

@@ -26,6 +26,10 @@ from k3infra.weights.store import ALLOW_HTTP_ENV as STORE_ALLOW_HTTP_ENV
 from k3infra.weights.store import ENDPOINT_ENV as STORE_ENDPOINT_ENV
 from k3infra.weights.store import REGION_ENV as STORE_REGION_ENV
 from k3infra.weights.store import VIRTUAL_HOSTED_ENV as STORE_VIRTUAL_HOSTED_ENV
+from k3infra.weights.store import PART_BYTES as STORE_PART_BYTES
+from k3infra.weights.store import PARTS_ENV as STORE_PARTS_ENV
+from k3infra.weights.store import PARTS_IN_FLIGHT as STORE_PARTS_IN_FLIGHT
+from k3infra.weights.prefetch import DOWNLOAD_WORKERS
 
 WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in pods
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
@@ -266,6 +270,15 @@ STORE_SECRET_KEYS = {
 }
 
 
+def store_parts_in_flight(cfg: StackConfig) -> int:
+    """Ranged GETs in flight per file, so that the prefetch's read buffers (download
+    workers x parts x part size) stay within a quarter of its container's memory limit:
+    8 with the default 64 Gi, fewer on a small node."""
+    budget = cfg.weights.prefetch_resources.memory_limit_gi * 2**30 / 4
+    per_part = DOWNLOAD_WORKERS * STORE_PART_BYTES
+    return max(1, min(STORE_PARTS_IN_FLIGHT, int(budget // per_part)))
+
+
 def store_env(cfg: StackConfig) -> list[dict]:
     """The store's options (k3weights.store reads K3_STORE_*) and its credentials, each key
     from the Secret by reference: the values never enter the manifest or the state."""
@@ -276,6 +289,7 @@ def store_env(cfg: StackConfig) -> list[dict]:
                         (STORE_VIRTUAL_HOSTED_ENV, "true" if store.virtual_hosted_style else None)):
         if value:
             env.append({"name": name, "value": value})
+    env.append({"name": STORE_PARTS_ENV, "value": str(store_parts_in_flight(cfg))})
     if store.credentials_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {
                     "name": store.credentials_secret, "key": key,
