@@ -35,18 +35,21 @@ render: venv
 	$(BIN)/k3infra render --stack $(STACK) --out $(OUT)
 
 # What the fast tier needs beyond Python: Debian's nginx (the proxy and weights-source
-# tests run the real one), installed where make runs as root as CI does, and two small Go
-# parts (compose-go's loader for the Compose file, the pinned workload CRDs), built into
-# the engine cache. A test that still cannot run says why in pytest's skip summary (-rs).
+# tests run the real one), installed where make runs as root as CI does, four small Go
+# parts (compose-go's loader for the Compose file, the pinned workload CRDs, the S3 and
+# GCS servers of the weights store tests), built into the engine cache, and Azurite
+# (npm, tools/azurite/package-lock.json) in its own cache. A test that still cannot run
+# says why in pytest's skip summary (-rs).
 test-deps:
 	@command -v nginx >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends nginx-light; \
 	  else echo "make test: nginx-light is not installed (not root): the real-nginx tests skip"; fi; }
 
 test: venv scan-venv accuracy-venv test-deps
-	@out=$$(K3INFRA_ENGINE_PARTS="compose workload-crds" tools/engine/build.sh) || exit 1; \
+	@out=$$(K3INFRA_ENGINE_PARTS="compose workload-crds s3server fakegcs" tools/engine/build.sh) || exit 1; \
 	bin=$$(printf '%s\n' "$$out" | tail -n 1); \
-	K3INFRA_ENGINE_BIN=$$bin K3INFRA_CHECKOV=$(abspath $(SCANVENV))/bin/checkov \
+	azurite=$$(tools/azurite/install.sh | tail -n 1) || exit 1; \
+	K3INFRA_ENGINE_BIN=$$bin K3INFRA_AZURITE_BIN=$$azurite K3INFRA_CHECKOV=$(abspath $(SCANVENV))/bin/checkov \
 	K3INFRA_LM_EVAL=$(abspath $(ACCVENV))/bin/lm_eval $(BIN)/python -m pytest
 
 # The real Pulumi engine and a Kubernetes control plane, built from Go modules into a cache

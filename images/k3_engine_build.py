@@ -405,6 +405,11 @@ def cmd_smoke(a: argparse.Namespace) -> None:
         raise CheckFailed("pandas is not installed: the benchmark Job's `vllm bench serve` "
                           "needs it; compile runtime.lock with the bench requirement "
                           "(docs/engine.md)")
+    # The weights prefetch reads k3:weights.store (S3, GCS, Azure) with obstore, in this
+    # image: without it a stack with a store fails in its prefetch Job.
+    if importlib.util.find_spec("obstore") is None:
+        raise CheckFailed("obstore is not installed: the weights prefetch reads k3:weights.store "
+                          "with it; compile runtime.lock with the store requirement (docs/engine.md)")
     for excl in exclusions(a.exclude):
         if importlib.util.find_spec(excl["module"]) is not None:
             raise CheckFailed(f"{excl['module']} is installed, but the receipt excludes "

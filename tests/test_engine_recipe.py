@@ -312,12 +312,14 @@ def test_verify_labels(tmp_path):
 
 
 def fake_vllm(site: Path, version: str = VERSION, extra: tuple = (),
-              pandas: bool = True) -> Path:
+              pandas: bool = True, obstore: bool = True) -> Path:
     pkg = site / "vllm"
     pkg.mkdir(parents=True)
-    if pandas:                        # the benchmark Job's `vllm bench serve` needs it
-        (site / "pandas").mkdir()
-        (site / "pandas" / "__init__.py").write_text("")
+    for name, wanted in (("pandas", pandas),      # the benchmark Job's `vllm bench serve`
+                         ("obstore", obstore)):   # the weights prefetch from a store
+        if wanted:
+            (site / name).mkdir()
+            (site / name / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (pkg / "_C.abi3.so").write_bytes(b"")
     for name in extra:
@@ -350,6 +352,16 @@ def test_smoke_refuses_another_version(tmp_path):
 def test_smoke_refuses_an_image_without_pandas(tmp_path):
     r = smoke(fake_vllm(tmp_path / "site", pandas=False), tmp_path)
     assert r.returncode == 1 and "pandas is not installed" in r.stderr
+
+
+def test_smoke_refuses_an_image_without_obstore(tmp_path):
+    site = fake_vllm(tmp_path / "site", obstore=False)
+    # -S: without site-packages, so this venv's own obstore is not found either.
+    r = subprocess.run([sys.executable, "-S", str(SCRIPT), "smoke", "--expect-version", VERSION,
+                        "--exclude", "FlashKDA", "--record", str(record_file(tmp_path)),
+                        "--out", str(tmp_path / "smoke.json")], capture_output=True, text=True,
+                       env={**GIT_ENV, "PYTHONPATH": str(site)}, cwd=tmp_path)
+    assert r.returncode == 1 and "obstore is not installed" in r.stderr, r.stderr
 
 
 def test_smoke_refuses_an_installed_flashkda(tmp_path):

@@ -56,9 +56,9 @@ def test_a_render_without_kubernetes_objects_writes_no_manifests_folder(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "configs", "plan.json"]
     files = sorted(p.name for p in (tmp_path / "configs").iterdir())
     assert "etc-old-00000000" not in files
-    # 13: the proxy's nginx.conf, the check-lock script, and the weights runtime's 11
+    # 14: the proxy's nginx.conf, the check-lock script, and the weights runtime's 12
     # files (k3infra.weights.RUNTIME_FILES and SHARED_FILES).
-    assert len(files) == 13 and files[0].startswith("etc-k3-proxy-nginx-conf-")
+    assert len(files) == 14 and files[0].startswith("etc-k3-proxy-nginx-conf-")
 
 
 def test_parents_and_ordering():

@@ -1,4 +1,5 @@
-"""`k3infra weights lock|verify|prefetch`: thin wrappers over the pod runtime.
+"""`k3infra weights lock|verify|prefetch|mirror`: thin wrappers over the pod runtime, and
+the mirror into your object store (k3infra/weights/mirror.py).
 
 The pods run the same runtime as `python3 -m k3weights`; this module imports nothing
 heavy at load time and the verify path never loads pulumi, pydantic or yaml;
@@ -20,6 +21,39 @@ def register(parser: argparse.ArgumentParser) -> None:
     commands["lock"].set_defaults(func=_lock)
     commands["verify"].set_defaults(func=_verify)
     commands["prefetch"].set_defaults(func=_prefetch)
+    add_mirror_command(sub)
+
+
+def add_mirror_command(sub) -> None:
+    mi = sub.add_parser("mirror", help="copy the pinned tree (Hub or a local tree) into your object "
+                        "store, verified against the lock; the lock beside it")
+    mi.add_argument("dir", nargs="?", help="a local tree to upload (with --lock); omit to take the "
+                    "files from the Hub")
+    mi.add_argument("--to", metavar="URL",
+                    help="s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or az://ACCOUNT/CONTAINER[/PREFIX] "
+                    "(k3:weights.store.url)")
+    mi.add_argument("--stack", help="take the store, the revision and the lock from this stack "
+                    "(k3:weights.store, k3:weightsRevision, k3:weights.lockFile; the receipt's "
+                    "repo) instead of --to and the flags below")
+    mi.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --stack: override a key, as `k3infra render --config` does")
+    mi.add_argument("--lock", help="the lock to mirror (default: built from Hub metadata at --revision)")
+    mi.add_argument("--hub", metavar="REPO", help="the Hub repo (default: the receipt's model)")
+    mi.add_argument("--revision", help="40-hex commit (default: the lock's)")
+    mi.add_argument("--endpoint", help="an S3-compatible, GCS or Azure endpoint (k3:weights.store.endpoint)")
+    mi.add_argument("--region", help="the S3 region (k3:weights.store.region)")
+    mi.add_argument("--allow-http", action="store_true", help="allow a plain-HTTP endpoint")
+    mi.add_argument("--virtual-hosted", action="store_true",
+                    help="S3: the bucket in the host name (the endpoint is https://BUCKET.host)")
+    mi.add_argument("--check", action="store_true",
+                    help="read and hash every object already in the store (default: trust the "
+                    "k3sha256 metadata this command writes; others are read)")
+    mi.add_argument("--dry-run", action="store_true",
+                    help="report what does not match the lock; upload nothing (exit 1 if anything)")
+    mi.add_argument("--workers", type=int, default=4, help="files judged or uploaded at once (default 4)")
+    mi.add_argument("--staging", help="where Hub files wait for their upload (default: a temporary "
+                    "directory; each file is deleted once uploaded)")
+    mi.set_defaults(func=_mirror)
 
 
 class _Out:
@@ -166,4 +200,108 @@ def _prefetch(args: argparse.Namespace) -> int:
     if not report.ok:
         return out.problems(f"prefetch FAILED: {len(report.problems)} problem(s) in {args.dest}; "
                             "no marker written", report.problems)
+    return 0
+
+
+def _from_stack(args: argparse.Namespace) -> None:
+    """--stack NAME: the store, revision and lock the stack's prefetch will read, so the
+    mirror fills exactly what the stack pins (the stack file read as `render` reads it)."""
+    from k3infra.cli import UsageError
+    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.receipt import load_receipt
+    from k3infra.render import load_config, project_root
+
+    given = [f for f, v in (("--to", args.to), ("--endpoint", args.endpoint), ("--region", args.region),
+                            ("--revision", args.revision), ("--hub", args.hub), ("--lock", args.lock))
+             if v] + [f for f, v in (("--allow-http", args.allow_http),
+                                     ("--virtual-hosted", args.virtual_hosted)) if v]
+    if given:
+        raise UsageError(f"--stack {args.stack} takes the store, revision and lock from the stack: "
+                         f"drop {', '.join(given)} (or override keys with --config)")
+    receipt = load_receipt()
+    root = project_root()
+    try:
+        raw, secrets = load_config(args.stack, args.config, root)
+        cfg = parse_stack_config(raw, tuple(secrets), receipt=receipt)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    st = cfg.weights.store
+    if st is None:
+        raise UsageError(f"--stack {args.stack}: k3:weights.store is not set (the stack reads the "
+                         "Hub); set k3:weights.store.url first")
+    args.to, args.endpoint, args.region = st.url, st.endpoint, st.region
+    args.allow_http, args.virtual_hosted = st.allow_http, st.virtual_hosted_style
+    args.hub, args.revision = receipt.model.repo, cfg.weights_revision
+    if cfg.weights.lock_file is not None:
+        from k3infra.weights.lockcheck import load_stack_lock
+
+        try:
+            args.lock = load_stack_lock(receipt, cfg, root).path
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def _mirror(args: argparse.Namespace) -> int:
+    import os
+
+    from k3infra.cli import UsageError
+    from k3infra.weights import store, tree
+
+    out = _Out()
+    if args.stack:
+        _from_stack(args)
+    elif not args.to:
+        raise UsageError("give --to URL (or --stack NAME: the stack's k3:weights.store)")
+    options = store.StoreOptions(endpoint=args.endpoint, region=args.region,
+                                 allow_http=args.allow_http, virtual_hosted=args.virtual_hosted)
+    try:
+        url = store.parse_store_url(args.to, aws=not args.endpoint)
+        if args.endpoint:
+            problem = store.endpoint_problem(args.endpoint, args.allow_http)
+            if problem:
+                raise store.StoreError(f"--endpoint {args.endpoint!r} {problem}")
+    except store.StoreError as exc:
+        raise UsageError(f"--to {args.to!r}: {exc}" if "--endpoint" not in str(exc) else str(exc)) from None
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: must be a positive integer")
+    if args.lock:
+        lock, _sha = _load(args.lock)
+        for flag, want, have in (("--hub", args.hub, lock.repo), ("--revision", args.revision, lock.revision)):
+            if want and want != have:
+                raise UsageError(f"{flag} {want}: the lock {args.lock} pins {have}")
+    else:
+        if args.dir:
+            raise UsageError("a local tree needs --lock FILE: every file is verified against it "
+                             "before it is uploaded")
+        if not args.revision:
+            raise UsageError("--revision <40-hex commit> (or --lock FILE): the mirror copies one "
+                             "pinned revision")
+        from k3infra.receipt import load_receipt
+        from k3infra.weights.prefetch import lock_from_hub
+
+        repo = args.hub or load_receipt().model.repo
+        try:
+            lock = lock_from_hub(repo, args.revision, emit=out.line)
+        except tree.LockError as exc:
+            raise UsageError(str(exc)) from None
+        except Exception as exc:    # the Hub's answer: not found, gated, offline...
+            first = (str(exc).strip().splitlines() or [""])[0]
+            print(f"k3infra weights mirror: {repo}@{args.revision}: {type(exc).__name__}: {first}",
+                  file=sys.stderr)
+            return 1
+    from k3infra.weights.mirror import mirror
+
+    try:
+        report = mirror(lock, url, options=options, source_dir=args.dir, check=args.check,
+                        dry_run=args.dry_run, workers=args.workers, staging=args.staging,
+                        token=os.environ.get("HF_TOKEN") or None, emit=out.line)
+    except Exception as exc:     # the store's answer: no credentials, denied, unreachable...
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"k3infra weights mirror: {args.to}: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 1
+    out.line(report.summary(), "green" if report.ok else "red")
+    if not report.ok:
+        verb = "does not match" if args.dry_run else "could not be made to match"
+        return out.problems(f"mirror: {args.to} {verb} the lock {lock.tree_digest} in "
+                            f"{len(report.problems)} file(s)", report.problems)
     return 0

@@ -8,6 +8,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 
 from k3infra.config.base import (SECRET_PLACEHOLDER, PROXY_IMAGE, Secret, _Section)
 from k3infra.config.pools import NodePoolConfig
+from k3infra.weights import store
 from k3infra.fieldtypes import (
     API_KEY, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsLabel,
     DnsSubdomain, DockerTag, EnvName, HubCommit, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
@@ -15,6 +16,11 @@ from k3infra.fieldtypes import (
     ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
     LABEL_KEY_REGEX, integer, number, pattern)
 
+# A region name as S3 APIs take it (AWS's us-east-1, an S3-compatible store's own name).
+StoreRegion, _ = pattern(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?", "must be a region name (lowercase "
+                         "letters, digits, '-' and '_', at most 63)", 63)
+# The store's URL (its rules: k3infra.weights.store.parse_store_url, checked after this).
+StoreUrlText, _ = pattern(r"[a-z0-9]+://\S+", "must be " + store.ACCEPTED_URL, 2048)
 DomainLabel, _ = pattern(LABEL_KEY_REGEX, "a node label key naming the node's NVLink domain, such "
                          "as nvidia.com/gpu.clique (set by GPU feature discovery on multi-node "
                          "NVLink trays)", 317)
@@ -209,6 +215,86 @@ class ColdStartConfig(_Section):
 NODE_LOCAL_ROOT_PREFIXES = ("/mnt/", "/var/lib/k3infra/")
 
 
+class StoreConfig(_Section):
+    """The weights' origin in your own object store instead of the Hub (k3:weights.store;
+    k3infra/weights/store.py, docs/weights.md "From your object store"). Fill it once
+    with `k3infra weights mirror`. Credentials are never keys here: a Secret's name or a
+    ServiceAccount bound to the cloud's workload identity."""
+
+    # Plain HTTP to the endpoint, chosen explicitly (an S3-compatible store inside your
+    # network without TLS); the bytes are hashed against the lock all the same.
+    allow_http: bool = Field(default=False, alias="allowHttp")
+    # An S3-compatible endpoint (MinIO, Ceph RGW, SeaweedFS, R2, OCI's or Nebius' S3 API),
+    # an Azure or GCS endpoint of your own; unset: the provider's public endpoint.
+    endpoint: Optional[HttpUrl] = None
+    region: Optional[StoreRegion] = None
+    # S3 stores that refuse path-style requests (CoreWeave AI Object Storage): the bucket
+    # in the host name; the endpoint is then the bucket's own host (https://BUCKET.host).
+    virtual_hosted_style: bool = Field(default=False, alias="virtualHostedStyle")
+    # An existing Secret in the stack's namespace holding the provider's keys
+    # (docs/weights.md lists them); read by the prefetch Job alone.
+    credentials_secret: Optional[DnsSubdomain] = Field(default=None, alias="credentialsSecret")
+    # An existing ServiceAccount bound to the cloud's workload identity (EKS IRSA or Pod
+    # Identity, GKE or Azure workload identity): the prefetch Job runs as it. One of the two
+    # is required.
+    service_account: Optional[DnsSubdomain] = Field(default=None, alias="serviceAccount")
+    # Where the prefetch may connect to reach the store (a cloud store has no fixed
+    # addresses: any, less the cluster's own ranges; a store inside your network: its CIDRs).
+    cidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1)
+    # Expected download rate of one node from the store, GB/s: the download phase of the
+    # cold start (the prefetch Job's timeout and the fill plan). Conservative on purpose.
+    node_gbps: GBps = Field(default=2.0, alias="nodeGBps")
+    url: StoreUrlText
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: Optional[str], info) -> Optional[str]:
+        if v is None:
+            return v
+        problem = store.endpoint_problem(v, bool(info.data.get("allow_http")))
+        if problem:
+            raise ValueError(problem)
+        return v.rstrip("/")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str, info) -> str:
+        try:
+            return str(store.parse_store_url(v, aws=not info.data.get("endpoint")))
+        except store.StoreError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> "StoreConfig":
+        if self.virtual_hosted_style:
+            problem = store.virtual_hosted_problem(store.parse_store_url(self.url, aws=False),
+                                                   self.endpoint)
+            if problem:
+                raise ValueError(f"virtualHostedStyle {problem}")
+        if self.credentials_secret and self.service_account:
+            raise ValueError("set credentialsSecret or serviceAccount, not both: the prefetch "
+                             "reads the store with one identity")
+        if not self.credentials_secret and not self.service_account:
+            raise ValueError("set credentialsSecret (a Secret with the provider's keys) or "
+                             "serviceAccount (the cloud's workload identity): the prefetch's "
+                             "NetworkPolicy keeps it off the node's metadata service")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0]
+
+    @property
+    def port(self) -> int:
+        """The endpoint's port (the prefetch's egress): 443, or 80 for plain HTTP."""
+        from urllib.parse import urlsplit
+
+        if self.endpoint is None:
+            return 443
+        parts = urlsplit(self.endpoint)
+        return parts.port or (80 if parts.scheme == "http" else 443)
+
+
 class WeightsConfig(_Section):
     """Where the weights live and how they get there (k3:weights)."""
 
@@ -232,6 +318,9 @@ class WeightsConfig(_Section):
     # those first and the Hub as the fallback (the default: 1x the tree from the Hub,
     # and a dead in-cluster source costs time, not the fill).
     source: Literal["hub", "cluster", "cluster-then-hub"] = "cluster-then-hub"
+    # Your own object store as the origin instead of the Hub (StoreConfig above): every
+    # fill that would read the Hub reads the store; unset: the Hub.
+    store: Optional[StoreConfig] = None
     # Expected rate of one in-cluster transfer (source -> filling node), GB/s: sizes the
     # in-cluster fills' timeouts and the fill plan render prints.
     cluster_gbps: GBps = Field(default=2.0, alias="clusterGBps")

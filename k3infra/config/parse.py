@@ -195,6 +195,14 @@ def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
     check_topology(cfg, receipt)
     _check_gateway(cfg)
     _check_autoscaling(cfg)
+    if cfg.weights.store is not None and cfg.weights.hub_endpoint is not None:
+        raise ConfigError("k3:weights.hubEndpoint", cfg.weights.hub_endpoint,
+                          "has no effect with k3:weights.store: the store is the weights' "
+                          "origin and no pod reads the Hub; unset one of the two")
+    if cfg.weights.store is not None and cfg.host is not None:
+        raise ConfigError("k3:weights.store", cfg.weights.store.url,
+                          "is for clusters: a Docker host (k3:host) fills its weights from the "
+                          "Hub (k3:weights.hubEndpoint for a mirror of it)")
     if cfg.weights.mode == "node-local" and cfg.replicas > NODE_LOCAL_MAX_REPLICAS:
         raise ConfigError("k3:replicas", cfg.replicas,
                           f"must be at most {NODE_LOCAL_MAX_REPLICAS} with k3:weights.mode = "

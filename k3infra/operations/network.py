@@ -15,7 +15,9 @@ HF_HUB_OFFLINE=1 none to the Hub, in both weights modes: only the prefetch Job f
 
 Prefetch Job pods: no ingress at all; egress DNS + the Hub (HTTPS to `k3:network.hubCidrs`,
 minus `k3:network.clusterCidrs` and link-local 169.254.0.0/16: the cloud's instance
-metadata service, in-cluster services and the node network are never "the Hub").
+metadata service, in-cluster services and the node network are never "the Hub"). With
+k3:weights.store, the store instead of the Hub (its CIDRs on its endpoint's port, the same
+ranges cut), plus the workload identity's node-local endpoint when it has one.
 With in-cluster weights sources (k3:weights.source, node-local, more than one replica):
 prefetch pods may also reach this stack's source pods on the source port, and the source
 pods admit exactly that: ingress from this stack's prefetch pods on that port, no egress.
@@ -144,8 +146,33 @@ def _to_sources(instance: str) -> dict:
             "ports": [{"port": fanout.SOURCE_PORT, "protocol": "TCP"}]}
 
 
+def store_egress(cfg: StackConfig) -> dict:
+    """The prefetch's way to k3:weights.store: its CIDRs (any, less the cluster's own, by
+    default) on the endpoint's port."""
+    store = cfg.weights.store
+    return {"to": internet_peers(store.cidrs, cfg),
+            "ports": [{"port": store.port, "protocol": "TCP"}]}
+
+
+# Where workload identity hands a pod its credentials on the node, per store scheme: the
+# EKS Pod Identity agent (AWS documents 169.254.170.23, port 80) and GKE's metadata server
+# (169.254.169.254, port 80). IRSA's STS and Azure's Entra ID are public HTTPS endpoints,
+# reached through the store's own rule. Link-local stays cut everywhere else.
+IDENTITY_ENDPOINTS = {"s3": ("169.254.170.23/32", 80), "gs": ("169.254.169.254/32", 80)}
+
+
+def identity_egress(cfg: StackConfig) -> list[dict]:
+    store = cfg.weights.store
+    if store.service_account is None or store.scheme not in IDENTITY_ENDPOINTS:
+        return []
+    cidr, port = IDENTITY_ENDPOINTS[store.scheme]
+    return [{"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"port": port, "protocol": "TCP"}]}]
+
+
 def prefetch_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
-    egress = [dns_egress(cfg), hub_egress(cfg)]
+    # The origin: the Hub, or your object store instead (then no way to the Hub).
+    egress = [dns_egress(cfg)] + ([hub_egress(cfg)] if cfg.weights.store is None
+                                  else [store_egress(cfg), *identity_egress(cfg)])
     if fanout.serving_copies(cfg):
         egress.append(_to_sources(instance))      # this stack's in-cluster sources, their port
     return _policy(policy_names(names.base)["prefetch"], names, instance,

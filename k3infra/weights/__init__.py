@@ -2,13 +2,14 @@
 
 These files run inside pods from a ConfigMap as the top-level package `k3weights`
 (`python3 -m k3weights lock|verify|prefetch ...`), so the runtime modules use the
-standard library plus huggingface_hub only, and import each other relatively. This
+standard library plus huggingface_hub only (and obstore where a pod reads an
+object store: imported by k3weights.store alone), and import each other relatively. This
 file must stay import-light: no pulumi, pydantic or rich here.
 """
 
 # The files the ConfigMap ships (k3infra/weights/manifests.py reads this tuple).
-RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "sources.py", "hubapi.py",
-                 "prefetch.py", "__main__.py")
+RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "store.py", "sources.py",
+                 "hubapi.py", "prefetch.py", "__main__.py")
 # Shipped into the same package from k3infra/ itself (one copy of the shared helpers: the
 # bounded reader and writer, and the one HTTP client).
 SHARED_FILES = ("podcommon.py", "httpclient.py")

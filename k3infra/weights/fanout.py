@@ -24,7 +24,7 @@ from typing import Union
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 
-HUB = "hub"                 # the runtime's name for the Hub in a source list (k3weights.sources)
+HUB = "hub"                 # the origin: the runtime's `hub`, or k3:weights.store's URL
 SOURCE_PORT = 8080          # the in-cluster sources' HTTP port (nginx, unprivileged)
 # Slack on top of the transfer estimates: pod scheduling, image pulls, the lock.
 TIMEOUT_SLACK_SECONDS = 1800
@@ -72,9 +72,10 @@ def hub_copies(cfg: StackConfig) -> list[int]:
 # ---- timeouts (Pulumi customTimeouts) -------------------------------------------------
 
 def hub_fill_seconds(receipt: Receipt, cfg: StackConfig) -> int:
-    """A prefetch Job filling from the Hub: the download at k3:weights.downloadGBps, twice
-    over for retries and hashing, plus slack."""
-    return math.ceil(2 * receipt.model.size_bytes / (cfg.weights.download_gbps * 1e9)) \
+    """A prefetch Job filling from the origin: the download at k3:weights.downloadGBps (the
+    Hub) or k3:weights.store.nodeGBps (your store), twice over for retries and hashing,
+    plus slack."""
+    return math.ceil(2 * receipt.model.size_bytes / (origin_gbps(cfg) * 1e9)) \
         + TIMEOUT_SLACK_SECONDS
 
 
@@ -113,24 +114,27 @@ class FillPlan:
     seconds: float                  # last copy verified, at the stated rates
     baseline_seconds: float         # every copy from the Hub at once, at the same Hub rate
     rates: dict = field(default_factory=dict)
+    origin: str = "the Hub"         # or "the store" (k3:weights.store)
 
     def summary(self) -> str:
         gb = self.tree_bytes / 1e9
+        word = "Hub" if self.origin == "the Hub" else "store"    # the origin, as rendered
         fills = ", ".join(f"copy {i} from " + " then ".join(
-            "the Hub" if o == HUB else f"copy {o}" for o in order)
+            self.origin if o == HUB else f"copy {o}" for o in order)
             for i, order in self.cluster_fills)
-        baseline = (f"; every copy from the Hub would be {self.copies}x = "
+        baseline = (f"; every copy from {self.origin} would be {self.copies}x = "
                     f"{self.copies * gb:.1f} GB" if self.copies > 1 and self.cluster_fills else "")
-        return (f"{len(self.hub_pulls)} Hub pull(s) (copy "
+        return (f"{len(self.hub_pulls)} {word} pull(s) (copy "
                 f"{', '.join(str(i) for i in self.hub_pulls)}), {len(self.cluster_fills)} "
-                f"in-cluster fill(s){': ' + fills if fills else ''}; expected Hub bytes "
+                f"in-cluster fill(s){': ' + fills if fills else ''}; expected {word} bytes "
                 f"{self.hub_bytes / 1e9:.1f} GB = {self.hub_bytes / self.tree_bytes:g}x the tree"
                 f"{baseline}; fill time for {self.copies} cop{'y' if self.copies == 1 else 'ies'} "
-                f"~{self.seconds:.0f} s at Hub "
+                f"~{self.seconds:.0f} s at {word} "
                 f"{self.rates['hub']:g} GB/s, in-cluster {self.rates['cluster']:g} GB/s, source "
                 f"start check {self.rates['read']:g} GB/s"
-                + (f" (every copy from the Hub: ~{self.baseline_seconds:.0f} s, if the Hub "
-                   f"gives each node {self.rates['hub']:g} GB/s)" if self.cluster_fills else ""))
+                + (f" (every copy from {self.origin}: ~{self.baseline_seconds:.0f} s, if "
+                   f"{self.origin} gives each node {self.rates['hub']:g} GB/s)"
+                   if self.cluster_fills else ""))
 
 
 def fill_plan(receipt: Receipt, cfg: StackConfig) -> FillPlan:
@@ -138,7 +142,7 @@ def fill_plan(receipt: Receipt, cfg: StackConfig) -> FillPlan:
     downloadGBps; a source starts serving size / storageReadGBps after its copy is verified
     (its re-verify); a source with c children in flight gives each clusterGBps / c."""
     size = receipt.model.size_bytes
-    hub, cluster, read = (cfg.weights.download_gbps * 1e9, cfg.weights.cluster_gbps * 1e9,
+    hub, cluster, read = (origin_gbps(cfg) * 1e9, cfg.weights.cluster_gbps * 1e9,
                           cfg.serving.storage_read_gbps * 1e9)
     copies = cfg.replicas if cfg.weights.mode == "node-local" else 1
     done: dict[int, float] = {}
@@ -156,8 +160,9 @@ def fill_plan(receipt: Receipt, cfg: StackConfig) -> FillPlan:
     return FillPlan(copies=copies, hub_pulls=hub_pulls, cluster_fills=fills, tree_bytes=size,
                     hub_bytes=size * len(hub_pulls), seconds=max(done.values()),
                     baseline_seconds=size / hub,
-                    rates={"hub": cfg.weights.download_gbps, "cluster": cfg.weights.cluster_gbps,
-                           "read": cfg.serving.storage_read_gbps})
+                    rates={"hub": origin_gbps(cfg), "cluster": cfg.weights.cluster_gbps,
+                           "read": cfg.serving.storage_read_gbps},
+                    origin="the Hub" if cfg.weights.store is None else "the store")
 
 
 # --- the names the prefetch reads its sources by ---------------------------------------
@@ -171,6 +176,21 @@ def source_url(base: str, namespace: str, i: int) -> str:
     return f"http://{source_name(base, i)}.{namespace}.svc:{SOURCE_PORT}"
 
 
+def origin_source(cfg: StackConfig) -> str:
+    """The origin as the runtime names it: `hub`, or the store's URL (k3weights.store)."""
+    return cfg.weights.store.url if cfg.weights.store is not None else HUB
+
+
+def origin_label(cfg: StackConfig) -> str:
+    return f"the store {cfg.weights.store.url}" if cfg.weights.store is not None else "the Hub"
+
+
+def origin_gbps(cfg: StackConfig) -> float:
+    """One node's expected download rate from the origin: the download phase's rate."""
+    return cfg.weights.store.node_gbps if cfg.weights.store is not None else cfg.weights.download_gbps
+
+
 def sources_env(cfg: StackConfig, base: str, namespace: str, i: int) -> str:
     """K3_WEIGHTS_SOURCES of copy i's prefetch Job (k3weights.sources)."""
-    return ",".join(HUB if o == HUB else source_url(base, namespace, o) for o in origins(cfg, i))
+    return ",".join(origin_source(cfg) if o == HUB else source_url(base, namespace, o)
+                    for o in origins(cfg, i))

@@ -22,6 +22,14 @@ from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 from k3infra.weights import RUNTIME_FILES, SHARED_FILES, fanout, runtime_paths
+from k3infra.weights.store import ALLOW_HTTP_ENV as STORE_ALLOW_HTTP_ENV
+from k3infra.weights.store import ENDPOINT_ENV as STORE_ENDPOINT_ENV
+from k3infra.weights.store import REGION_ENV as STORE_REGION_ENV
+from k3infra.weights.store import VIRTUAL_HOSTED_ENV as STORE_VIRTUAL_HOSTED_ENV
+from k3infra.weights.store import PART_BYTES as STORE_PART_BYTES
+from k3infra.weights.store import PARTS_ENV as STORE_PARTS_ENV
+from k3infra.weights.store import PARTS_IN_FLIGHT as STORE_PARTS_IN_FLIGHT
+from k3infra.weights.prefetch import DOWNLOAD_WORKERS
 
 WEIGHTS_ROOT = "/weights"               # where the weights volume is mounted in pods
 RUNTIME_DIR = "/etc/k3/weights"         # the runtime ConfigMap's mount
@@ -241,11 +249,52 @@ def _prefetch_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
            {"name": "K3_DOWNLOAD_STALL_SECONDS",
             "value": str(cfg.cold_start.download_stall_seconds)},
            {"name": "HOME", "value": "/tmp"}]
+    store = cfg.weights.store
+    if store is not None:
+        # The origin is your store: no Hub endpoint, no HF token in this pod.
+        return env + store_env(cfg)
     if cfg.weights.hub_endpoint:
         env.append({"name": "HF_ENDPOINT", "value": cfg.weights.hub_endpoint})
     if hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": hf_token_secret, "key": "token"}}})
+    return env
+
+
+# The keys a credentials Secret holds, per store scheme (the provider's own variable
+# names, read by obstore in the prefetch pod): name -> required.
+STORE_SECRET_KEYS = {
+    "s3": {"AWS_ACCESS_KEY_ID": True, "AWS_SECRET_ACCESS_KEY": True, "AWS_SESSION_TOKEN": False},
+    "gs": {"GOOGLE_SERVICE_ACCOUNT_KEY": True},
+    "az": {"AZURE_STORAGE_ACCOUNT_KEY": False, "AZURE_STORAGE_SAS_KEY": False},
+}
+
+
+def store_parts_in_flight(cfg: StackConfig) -> int:
+    """Ranged GETs in flight per file, so that the prefetch's read buffers (download
+    workers x parts x part size) stay within a quarter of its container's memory limit:
+    8 with the default 64 Gi, fewer on a small node."""
+    budget = cfg.weights.prefetch_resources.memory_limit_gi * 2**30 / 4
+    per_part = DOWNLOAD_WORKERS * STORE_PART_BYTES
+    return max(1, min(STORE_PARTS_IN_FLIGHT, int(budget // per_part)))
+
+
+def store_env(cfg: StackConfig) -> list[dict]:
+    """The store's options (k3weights.store reads K3_STORE_*) and its credentials, each key
+    from the Secret by reference: the values never enter the manifest or the state."""
+    store = cfg.weights.store
+    env = []
+    for name, value in ((STORE_ENDPOINT_ENV, store.endpoint), (STORE_REGION_ENV, store.region),
+                        (STORE_ALLOW_HTTP_ENV, "true" if store.allow_http else None),
+                        (STORE_VIRTUAL_HOSTED_ENV, "true" if store.virtual_hosted_style else None)):
+        if value:
+            env.append({"name": name, "value": value})
+    env.append({"name": STORE_PARTS_ENV, "value": str(store_parts_in_flight(cfg))})
+    if store.credentials_secret:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {
+                    "name": store.credentials_secret, "key": key,
+                    **({} if required else {"optional": True})}}}
+                for key, required in STORE_SECRET_KEYS[store.scheme].items()]
     return env
 
 
@@ -308,6 +357,16 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
                                       *_runtime_mounts(base)]}
         spec = _weights_pod(cfg, base, container, lock_text, "OnFailure",
                             labels["app.kubernetes.io/instance"], i)
+        template_labels = pod_labels
+        store = cfg.weights.store
+        if store is not None and store.service_account:
+            # Workload identity: the cloud maps this ServiceAccount to its role (EKS IRSA
+            # or Pod Identity, GKE); the token the webhooks project is theirs, not the
+            # API server's (automountServiceAccountToken stays false).
+            spec["serviceAccountName"] = store.service_account
+            if store.scheme == "az":
+                # Azure workload identity's webhook acts on labelled pods only.
+                template_labels = {**pod_labels, "azure.workload.identity/use": "true"}
         if per_node:
             # One replica's volume per node: the prefetch pods spread like the replicas.
             spec["affinity"]["podAntiAffinity"] = placement.one_replica_per_node(
@@ -319,7 +378,7 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
                                   "annotations": checkov_skips.annotations(
                                       checkov_skips.ENGINE_IMAGE_UID)},
                      "spec": {"backoffLimit": 20,
-                              "template": {"metadata": {"labels": pod_labels}, "spec": spec}}})
+                              "template": {"metadata": {"labels": template_labels}, "spec": spec}}})
     return jobs
 
 

@@ -61,6 +61,8 @@ import os
 import random
 import shutil
 import stat
+import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,6 +70,7 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from . import sources as sources_mod
+from . import store as store_mod
 from . import tree, verify
 from .tree import FileEntry, Lock, Problem
 
@@ -312,10 +315,10 @@ class StallWatch:
         """`fetcher` holding a fresh ticket for `path` in the thread that runs it."""
         ticket = self.issue(path)
 
-        def run(entry: FileEntry) -> None:
+        def run(entry: FileEntry):
             self._local.ticket = ticket
             try:
-                fetcher(entry)
+                return fetcher(entry)
             finally:
                 self._local.ticket = None
         return run
@@ -442,6 +445,74 @@ class _Fetcher:
         watch.guarded(entry.path, attempt, lambda: os.replace(partial, final))
 
 
+class _StoreFetcher:
+    """One file from the user's object store (k3weights.store) into its place in DEST,
+    hashed while it is written: parts are read over several connections and written in
+    order to the same resumable partial file as a Hub download, so the file's SHA-256 is
+    known when its last byte lands (no second read), a restarted run resumes at the
+    partial file's size (re-hashing that prefix first), and the stall watchdog sees the
+    prefix grow. Returns the hash; the prefetch holds it to the lock."""
+
+    def __init__(self, lock: Lock, dest: str, source: str, workers: int):
+        self.watch: Optional[StallWatch] = None     # set by prefetch()
+        self.lock, self.dest = lock, dest
+        self.url = store_mod.parse_store_url(source, aws=not store_mod.StoreOptions.from_env().endpoint)
+        self.reader = store_mod.ObjectReader(self.url, store_mod.open_store(self.url), files=workers)
+        self.hash_cpu_seconds = 0.0         # of the hashing while writing (the report's)
+        self._cpu = threading.Lock()
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __call__(self, entry: FileEntry) -> tree.FileHash:
+        key = self.url.tree_key(self.lock.repo, self.lock.revision, entry.path)
+        size = self.reader.size(key)
+        if size != entry.size:
+            raise FetchRefused(f"{self.url.where(key)} has {size} bytes, the lock says {entry.size}")
+        partial = partial_path(self.dest, entry)
+        os.makedirs(os.path.dirname(partial), exist_ok=True)
+        watch = self.watch or StallWatch(STALL_SECONDS)
+        attempt = watch.begin(entry.path)
+        with _open_partial(partial) as fh:
+            have = fh.tell()
+            if have > entry.size:
+                watch.guarded(entry.path, attempt, lambda: fh.truncate(0))
+                have = 0
+            spent = time.thread_time()
+            digest = _hash_prefix(partial, have)
+            out = _GuardedFile(fh, watch, entry.path, attempt)
+            hashing = time.thread_time() - spent
+            for chunk in self.reader.read_ordered(key, have, entry.size):
+                out.write(chunk)
+                spent = time.thread_time()
+                digest.update(chunk)
+                hashing += time.thread_time() - spent
+            with self._cpu:
+                self.hash_cpu_seconds += hashing
+            fh.flush()
+            os.fsync(fh.fileno())
+        final = os.path.join(self.dest, entry.path)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        watch.guarded(entry.path, attempt, lambda: os.replace(partial, final))
+        st = os.stat(final, follow_symlinks=False)
+        return tree.FileHash(sha256=digest.hexdigest(), size=st.st_size, before=st, after=st)
+
+
+def _hash_prefix(path: str, length: int):
+    """SHA-256 state over the first `length` bytes of a partial file (a resumed transfer)."""
+    digest = hashlib.sha256()
+    if length:
+        with open(path, "rb") as fh:
+            left = length
+            while left:
+                data = fh.read(min(left, tree.READ_SIZE))
+                if not data:
+                    raise OSError(errno.EIO, f"{path}: shorter than {length} bytes while resuming")
+                digest.update(data)
+                left -= len(data)
+    return digest
+
+
 def _origin(url: str) -> tuple:
     parts = urlsplit(url)
     return (parts.scheme, parts.netloc)
@@ -535,9 +606,12 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
             _unlink(os.path.join(work, entry.path))
         chain = None
         if fetcher is None:
-            def source_fetcher(source: str) -> _Fetcher:
-                one = _Fetcher(lock, work, sources_mod.endpoint_for(source, endpoint),
-                               sources_mod.hub_token_for(source, token))
+            def source_fetcher(source: str):
+                if store_mod.is_store_url(source):
+                    one = _StoreFetcher(lock, work, source, download_workers)
+                else:
+                    one = _Fetcher(lock, work, sources_mod.endpoint_for(source, endpoint),
+                                   sources_mod.hub_token_for(source, token))
                 one.watch = watch
                 return one
 
@@ -550,6 +624,10 @@ def prefetch(lock: Lock, lock_sha256: str, dest: str, *, workers: Optional[int] 
                                interval=interval, watch=watch)
         finally:
             if chain is not None:
+                report.hash_cpu_seconds += sum(getattr(f, "hash_cpu_seconds", 0.0)
+                                               for f in chain.fetchers)
+                for f in chain.fetchers:
+                    getattr(f, "close", lambda: None)()
                 report.sources = chain.counts
                 report.refused_by_lock, report.failovers = chain.refused_by_lock, chain.failovers
         # Files already on disk that hashed right and were not fetched again.
@@ -660,7 +738,9 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
                 kind, entry = pending.pop(fut)
                 if kind == "fetch":
                     in_flight.discard(entry.path)
-                    _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say)
+                    _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say,
+                             judge=lambda e, r: _hashed(None, e, report, good, tries, attempts,
+                                                        dest, fetch, say, rejected, result=r))
                 else:
                     _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say, rejected)
             if not overlap and landed and not any(k == "fetch" for k, _ in pending.values()):
@@ -686,15 +766,16 @@ def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, 
     return good, tries
 
 
-def _after(delay: float, fetcher, entry: FileEntry) -> None:
+def _after(delay: float, fetcher, entry: FileEntry):
     if delay:
         time.sleep(delay)        # back off in the download thread, not the loop
-    fetcher(entry)
+    return fetcher(entry)
 
 
-def _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say) -> None:
+def _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap, say,
+             judge=None) -> None:
     try:
-        fut.result()
+        streamed = fut.result()
     except Exception as exc:    # network, HTTP and Hub errors all end here
         if _retryable(exc) and tries[entry.path] < attempts:
             say(f"prefetch: {entry.path}: download failed ({_brief(exc)}); attempt "
@@ -706,15 +787,18 @@ def _fetched(fut, entry, report, tries, attempts, fetch, hash_, landed, overlap,
         return
     report.downloaded_files += 1
     report.downloaded_bytes += entry.size
-    if overlap:
+    if isinstance(streamed, tree.FileHash) and judge is not None:
+        judge(entry, streamed)          # hashed while written (a store): no second read
+    elif overlap:
         hash_(entry)
     else:
         landed.append(entry)
 
 
-def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say, rejected=None) -> None:
+def _hashed(fut, entry, report, good, tries, attempts, dest, fetch, say, rejected=None,
+            result=None) -> None:
     try:
-        result = fut.result()
+        result = result if result is not None else fut.result()
         report.hashed_bytes += result.size
         problem = verify.check_hash(entry, result)
     except OSError as exc:

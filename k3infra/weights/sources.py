@@ -1,9 +1,12 @@
-"""Where the prefetch takes bytes from: the Hub, or an in-cluster source of verified bytes,
-tried in order per file (standard library plus huggingface_hub: runs in pods).
+"""Where the prefetch takes bytes from: the Hub, the user's object store, or an in-cluster
+source of verified bytes, tried in order per file (standard library plus huggingface_hub,
+and obstore for a store: runs in pods).
 
 A source list is a comma-separated string (`K3_WEIGHTS_SOURCES`, `prefetch --sources`):
-`hub` (the Hugging Face Hub: HF_ENDPOINT, HF_TOKEN) or the base URL of an in-cluster
-source (`http://kimi-k3-weights-source-0:8080`). An in-cluster source is nginx serving a
+`hub` (the Hugging Face Hub: HF_ENDPOINT, HF_TOKEN), an object store's URL
+(`s3://bucket/prefix`, `gs://...`, `az://...`: k3weights.store, its own fetcher in
+prefetch.py) or the base URL of an in-cluster source
+(`http://kimi-k3-weights-source-0:8080`). An in-cluster source is nginx serving a
 verified copy read-only in the Hub's URL layout (`/<repo>/resolve/<revision>/<path>`,
 `X-Repo-Commit`, Range), so the very same huggingface_hub download path (`_Fetcher`: HEAD,
 then `http_get` with `Range` into the resumable partial file) runs against it, with
@@ -29,7 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from . import tree
+from . import store, tree
 from .tree import FileEntry, Lock
 
 try:                       # in a pod: shipped beside this package's modules
@@ -61,10 +64,15 @@ def parse_sources(text: Optional[str]) -> list[str]:
     if not items:
         return [HUB]
     for s in items:
-        if s != HUB and not s.startswith(("http://", "https://")):
-            raise ValueError(f"source {s[:200]!r}: accepted 'hub' or an http(s):// base URL of an "
-                             "in-cluster source")
-        if s != HUB and "@" in urlsplit(s).netloc:
+        if store.is_store_url(s):
+            try:
+                store.parse_store_url(s, aws=not store.StoreOptions.from_env().endpoint)
+            except store.StoreError as exc:
+                raise ValueError(f"source {s[:200]!r}: {exc}") from None
+        elif s != HUB and not s.startswith(("http://", "https://")):
+            raise ValueError(f"source {s[:200]!r}: accepted 'hub', an http(s):// base URL of an "
+                             f"in-cluster source, or an object store ({store.ACCEPTED_URL})")
+        elif s != HUB and "@" in urlsplit(s).netloc:
             raise ValueError(f"source {urlsplit(s).scheme}://...@{urlsplit(s).hostname}: a source "
                              "URL carries no credentials (in-cluster sources take none)")
     if len(set(items)) != len(items):
@@ -85,7 +93,9 @@ def lock_client(args) -> HttpClient:
 
 
 def label(source: str) -> str:
-    return "the Hub" if source == HUB else f"cluster source {source}"
+    if source == HUB:
+        return "the Hub"
+    return f"the store {source}" if store.is_store_url(source) else f"cluster source {source}"
 
 
 @dataclass
@@ -113,7 +123,7 @@ class SourceChain:
     def __init__(self, sources: list[str], make_fetcher: Callable[[str], Callable[[FileEntry], None]],
                  partial_size: Callable[[FileEntry], int], say: Emit):
         self.sources = list(sources)
-        self._fetchers = [make_fetcher(s) for s in self.sources]
+        self.fetchers = [make_fetcher(s) for s in self.sources]
         self._partial_size = partial_size
         self._say = say
         self._lock = threading.Lock()
@@ -128,7 +138,7 @@ class SourceChain:
         with self._lock:
             return self._files.setdefault(entry.path, _FileState())
 
-    def __call__(self, entry: FileEntry) -> None:
+    def __call__(self, entry: FileEntry):
         state = self._state(entry)
         last = len(self.sources) - 1
         with self._lock:
@@ -154,7 +164,7 @@ class SourceChain:
             before = self._partial_size(entry)
             state.running = i
             try:
-                self._fetchers[i](entry)
+                result = self.fetchers[i](entry)
             except Exception as exc:
                 if state.calls != call:
                     raise                 # abandoned as stalled: a newer call owns the file
@@ -174,7 +184,7 @@ class SourceChain:
             # Renamed into place: this source wrote what was still missing.
             state.running = None
             self._credit(source, state, entry.size - before, ok=True)
-            return
+            return result         # a store's fetcher hands back the hash it computed
 
     def _credit(self, source: str, state: _FileState, nbytes: int, ok: bool) -> None:
         with self._lock:
@@ -229,11 +239,7 @@ def fetch_lock(source: str, lock_revision: str, repo: str,
         raw = client.request("GET", url, body_max=LOCK_BYTES_MAX, kind="lock").body
     except HttpError as exc:
         raise tree.LockError(str(exc)) from None
-    lock = tree.parse_lock_bytes(raw, url)
-    if lock.repo != repo or lock.revision != lock_revision:
-        raise tree.LockError(f"{url}: the source's lock pins {lock.repo}@{lock.revision}, "
-                             f"wanted {repo}@{lock_revision}")
-    return lock
+    return tree.parse_served_lock(raw, url, repo, lock_revision, LOCK_BYTES_MAX)
 
 
 def lock_from_sources(sources: list[str], repo: str, revision: str, *,
@@ -252,12 +258,14 @@ def lock_from_sources(sources: list[str], repo: str, revision: str, *,
                 if hub_lock is None:
                     raise tree.LockError("no Hub lock builder")
                 return hub_lock()
-            lock = fetch_lock(source, revision, repo, client)
+            lock = (store.fetch_lock(store.parse_store_url(source), repo, revision)
+                    if store.is_store_url(source) else fetch_lock(source, revision, repo, client))
             say(f"lock: {repo}@{revision} from {label(source)}")
             return lock
         except Exception as exc:          # next source; every failure is reported at the end
-            errors.append(f"{label(source)}: {type(exc).__name__}: {exc}")
-            say(f"lock: {label(source)} failed ({type(exc).__name__}: {exc}); trying the next source")
+            first = (str(exc).strip().splitlines() or [""])[0]     # a store's errors run long
+            errors.append(f"{label(source)}: {type(exc).__name__}: {first}")
+            say(f"lock: {label(source)} failed ({type(exc).__name__}: {first}); trying the next source")
     raise tree.LockError("no source gave the lock: " + "; ".join(errors))
 
 

@@ -284,6 +284,19 @@ def load_lock(path: str) -> tuple[Lock, str]:
     return parse_lock_bytes(raw, path), hashlib.sha256(raw).hexdigest()
 
 
+def parse_served_lock(raw: bytes, where: str, repo: str, revision: str, limit: int) -> Lock:
+    """A lock a source served (an in-cluster source, an object store): bounded, parsed (its
+    digest recomputed from its file list) and of the pinned repo and revision; the pinned
+    digest is check-lock.sh's to hold, before a single shard is fetched."""
+    if len(raw) > limit:
+        raise LockError(f"{where}: lock larger than {limit} bytes")
+    lock = parse_lock_bytes(raw, where)
+    if lock.repo != repo or lock.revision != revision:
+        raise LockError(f"{where}: the served lock pins {lock.repo}@{lock.revision}, "
+                        f"wanted {repo}@{revision}")
+    return lock
+
+
 def parse_lock_bytes(raw: bytes, path: str) -> Lock:
     """parse_lock of a lock file's bytes; LockError naming `path` for bytes that are not
     UTF-8 JSON (deep nesting included: json's RecursionError is a refusal too)."""

