@@ -40,12 +40,11 @@ class Probe:
         inner = f'exec 3<>/dev/tcp/{self.host}/{self.port} || exit 7; {send}'
         return f"timeout {TIMEOUT_S} bash -c {shlex.quote(inner)}"
 
-    def verdict(self, answer: str) -> str:
-        return "allowed" if self.expect is not None else "refused"
-
     def line(self, answer: str) -> str:
+        """The report's line: agreed or not, what was expected, from where, to what, got."""
+        expected = "allowed" if self.expect is not None else "refused"
         return (f"{'ok  ' if answer == (self.expect or REFUSED) else 'FAIL'} "
-                f"{self.verdict(answer):8} {self.source[0]}/{self.source[1]} -> "
+                f"{expected:8} {self.source[0]}/{self.source[1]} -> "
                 f"{self.host}{':' + str(self.port) if self.port else ''} ({self.what}): "
                 f"got {answer!r}")
 

@@ -3,6 +3,12 @@ extended GPU resource, a pod from the loopback registry runs by digest as a non-
 user under the `restricted` Pod Security level, a ClusterIP Service answers through
 kube-proxy, and CoreDNS resolves the Service's name from inside a pod.
 
+Then the operations tier on stand-ins of the stack's pods (below, and docs/e2e.md): the
+rendered NetworkPolicies enforced by the node (kube-router's controller) and probed both
+ways from real pods, the rendered ServiceMonitor and PrometheusRule run by a real
+Prometheus on a real engine's metrics, and a drain under the rendered
+PodDisruptionBudget.
+
 The proxy image (Debian's nginx) serves as the workload: nginx answering on a Service is
 what the serving pods' proxy does too.
 """
