@@ -23,6 +23,14 @@ ENGINE_IMAGE_UID = Skip(
     "image does not know breaks user lookups in torch; non-root, no privilege escalation, "
     "capabilities dropped, read-only root fs")
 
+# The image pre-pull DaemonSet only sleeps (k3infra/serving/prepull.py): a liveness probe
+# on `sleep` could only pass, and a copy of its readiness probe is a finding of its own.
+PREPULL_NO_LIVENESS = Skip(
+    "CKV_K8S_8",
+    "the pre-pull container only runs `sleep` so the kubelet pulls the image: a liveness "
+    "probe could only pass (an exited container restarts anyway); readiness says the image "
+    "is on the node")
+
 # vLLM reads its API key from --api-key or VLLM_API_KEY only; there is no file option. The
 # env var is filled from the Secret by secretKeyRef (never a literal: policy
 # k3-no-literal-secrets), which keeps the key off the command line (visible in ps).
@@ -72,8 +80,8 @@ EPP_SA_TOKEN = Skip(
     "server: it needs its ServiceAccount token (a Role with read verbs on those, in this "
     "namespace only)")
 
-ALL_SKIPS = (ENGINE_IMAGE_UID, VLLM_API_KEY_ENV, BENCH_API_KEY_ENV, ACCURACY_API_KEY_ENV,
-             ACCURACY_IMAGE_UID, EPP_SA_TOKEN, *BUILDKIT_SKIPS)
+ALL_SKIPS = (ENGINE_IMAGE_UID, PREPULL_NO_LIVENESS, VLLM_API_KEY_ENV, BENCH_API_KEY_ENV,
+             ACCURACY_API_KEY_ENV, ACCURACY_IMAGE_UID, EPP_SA_TOKEN, *BUILDKIT_SKIPS)
 
 
 def annotations(*skips: Skip) -> dict[str, str]:

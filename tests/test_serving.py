@@ -331,15 +331,17 @@ def test_nginx_workers_follow_the_proxys_cpu_limit():
     r = render("existing", PIN)
     conf = manifest(r, "ConfigMap", "kimi-k3-proxy")["data"]["nginx.conf"]
     assert "\nworker_processes 2;\n" in conf
-    assert container(r, "proxy")["resources"] == {"requests": {"cpu": "1", "memory": "256Mi"},
-                                                  "limits": {"cpu": "2", "memory": "512Mi"}}
+    assert container(r, "proxy")["resources"] == {
+        "requests": {"cpu": "1", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+        "limits": {"cpu": "2", "memory": "512Mi", "ephemeral-storage": "1280Mi"}}
     small = render("existing", PIN, "serving.proxyResources.cpu=0.25",
                    "serving.proxyResources.cpuLimit=0.5",
                    "serving.proxyResources.memoryGi=0.0625")
     assert "\nworker_processes 1;\n" in manifest(small, "ConfigMap", "kimi-k3-proxy")["data"][
         "nginx.conf"]
     assert container(small, "proxy")["resources"] == {
-        "requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+        "requests": {"cpu": "250m", "memory": "64Mi", "ephemeral-storage": "256Mi"},
+        "limits": {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "1280Mi"}}
     from k3infra.weights import source_server
 
     assert source_server.NGINX_RESOURCES["limits"]["cpu"] == "8"

@@ -216,11 +216,11 @@ def test_weights_pods_are_sized_by_stack_keys_for_a_small_node():
     r = render("existing", pin)
     by = {(kind, name, c["name"]): c for kind, name, c in weights_containers(r)}
     prefetch = next(c for (k, _, n), c in by.items() if k == "Job" and n == "prefetch")
-    assert prefetch["resources"] == {"requests": {"cpu": "16", "memory": "32Gi"},
-                                     "limits": {"cpu": "32", "memory": "64Gi"}}
+    assert prefetch["resources"] == {"requests": {"cpu": "16", "memory": "32Gi", "ephemeral-storage": "1Gi"},
+                                     "limits": {"cpu": "32", "memory": "64Gi", "ephemeral-storage": "12Gi"}}
     audit = next(c for (k, _, n), c in by.items() if k == "CronJob")
-    assert audit["resources"] == {"requests": {"cpu": "8", "memory": "8Gi"},
-                                  "limits": {"cpu": "32", "memory": "16Gi"}}
+    assert audit["resources"] == {"requests": {"cpu": "8", "memory": "8Gi", "ephemeral-storage": "256Mi"},
+                                  "limits": {"cpu": "32", "memory": "16Gi", "ephemeral-storage": "1Gi"}}
     assert {env_of(c)["K3_HASH_WORKERS"] for c in by.values()} == {"32"}
     small = render("existing", pin, "weights.prefetchResources.cpu=0.5",
                    "weights.prefetchResources.cpuLimit=2", "weights.prefetchResources.memoryGi=1",
@@ -229,11 +229,11 @@ def test_weights_pods_are_sized_by_stack_keys_for_a_small_node():
                    "weights.gateResources.memoryLimitGi=1", "weights.hashWorkers=2")
     by = {(kind, name, c["name"]): c for kind, name, c in weights_containers(small)}
     prefetch = next(c for (k, _, n), c in by.items() if k == "Job" and n == "prefetch")
-    assert prefetch["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"},
-                                     "limits": {"cpu": "2", "memory": "2Gi"}}
+    assert prefetch["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"},
+                                     "limits": {"cpu": "2", "memory": "2Gi", "ephemeral-storage": "12Gi"}}
     audit = next(c for (k, _, n), c in by.items() if k == "CronJob")
-    assert audit["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"},
-                                  "limits": {"cpu": "1", "memory": "1Gi"}}
+    assert audit["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi", "ephemeral-storage": "256Mi"},
+                                  "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"}}
     assert {env_of(c)["K3_HASH_WORKERS"] for c in by.values()} == {"2"}
 
 

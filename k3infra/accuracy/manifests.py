@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from k3infra import checkov_skips, clientjob, placement, podfiles
+from k3infra import checkov_skips, clientjob, ephemeral, placement, podfiles
 from k3infra.naming import ACCURACY_COMPONENT as COMPONENT
 from k3infra.config import StackConfig
 from k3infra.clientjob import RESULTS_DIR
@@ -21,6 +21,7 @@ from k3infra.receipt import Receipt
 RUNTIME_DIR = "/etc/k3/accuracy"
 TASKS_DIR = f"{RUNTIME_DIR}/tasks"
 RUNNER = "runner.py"
+ACCURACY_TMP_GI = 4             # the /tmp emptyDir: HOME and the datasets' copy
 RESULTS_COMPONENT = "accuracy-results"
 # The image's datasets cache is on a read-only root: lm-eval runs on a copy in the Job's
 # scratch volume (runner.copy_datasets_cache says why).
@@ -69,7 +70,10 @@ def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobName
     container = {
         "name": "accuracy", "image": cfg.accuracy.image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{RUNTIME_DIR}/{RUNNER}", *runner_args(cfg, base_url)],
-        "env": env, "resources": cfg.accuracy.resources.manifest(), "securityContext": container_security_context(),
+        "env": env, "securityContext": container_security_context(),
+        # Disk: the /tmp emptyDir (HOME: lm-eval's caches) and the logs.
+        "resources": ephemeral.with_storage(cfg.accuracy.resources.manifest(), 1,
+                                            ACCURACY_TMP_GI + ephemeral.LOGS_GI),
         "volumeMounts": [{"name": "accuracy-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},
                          {"name": "tmp", "mountPath": "/tmp"}]}
@@ -89,4 +93,4 @@ def accuracy_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobName
         volumes=[podfiles.volume("accuracy-runtime", names.configmap,
                                  {f: f if f == RUNNER else f"tasks/{f}" for f in files}),
                  {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
-                 {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}])
+                 {"name": "tmp", "emptyDir": {"sizeLimit": f"{ACCURACY_TMP_GI}Gi"}}])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3infra import checkov_skips, clientjob, naming, placement, podfiles
+from k3infra import checkov_skips, clientjob, ephemeral, naming, placement, podfiles
 from k3infra.clientjob import RESULTS_DIR
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
@@ -33,8 +33,10 @@ READER_COMPONENT = naming.BENCHMARK_READER_COMPONENT
 # /health is already 200 when the Job starts (it runs after the StatefulSet is ready);
 # the wait covers a serving pod restarting in between.
 HEALTH_WAIT_SECONDS = 1800
-READER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"},
-                    "limits": {"cpu": "2", "memory": "4Gi"}}
+READER_RESOURCES = ephemeral.with_storage({"requests": {"cpu": "500m", "memory": "1Gi"},
+                                           "limits": {"cpu": "2", "memory": "4Gi"}},
+                                          *ephemeral.LOGS_ONLY)
+BENCH_TMP_GI = 8
 READER_LIFETIME_SECONDS = 900
 
 
@@ -138,7 +140,10 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
         "name": "bench", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{RUNTIME_DIR}/pod_runner.py",
                     *runner_args(receipt, cfg, base_url, weights.model_dir)],
-        "env": env, "resources": cfg.benchmark.resources.manifest(), "securityContext": container_security_context(),
+        "env": env, "securityContext": container_security_context(),
+        # Disk: the /tmp emptyDir (HOME) and the logs; the results go to their claim.
+        "resources": ephemeral.with_storage(cfg.benchmark.resources.manifest(), 1,
+                                            BENCH_TMP_GI + ephemeral.LOGS_GI),
         "volumeMounts": [*weight_mounts,
                          {"name": "bench-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},
@@ -158,7 +163,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
                  podfiles.volume("bench-runtime", names.configmap,
                                  {f: f for f in (*POD_FILES, *SHARED_FILES)}),
                  {"name": "results", "persistentVolumeClaim": {"claimName": names.pvc}},
-                 {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}])
+                 {"name": "tmp", "emptyDir": {"sizeLimit": f"{BENCH_TMP_GI}Gi"}}])
 
 
 # --- reading the results back (k3infra bench fetch / verify) ---------------------------

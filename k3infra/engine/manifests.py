@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from k3infra import checkov_skips, placement, podfiles
+from k3infra import checkov_skips, ephemeral, placement, podfiles
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
 from k3infra.netpol import default_deny, dns_egress, internet_peers
@@ -28,6 +28,11 @@ REGISTRY_AUTH_DIR = "/k3/registry-auth"
 CACHE_AUTH_DIR = "/k3/cache-auth"
 # The rootless BuildKit image runs as `user` (1000) with its state under this home.
 BUILDKIT_UID = 1000
+# The auth and report containers: small Python scripts whose only disk is their logs (the
+# credentials go to a memory emptyDir, the result to the API).
+SIDE_RESOURCES = ephemeral.with_storage({"requests": {"cpu": "50m", "memory": "64Mi"},
+                                         "limits": {"cpu": "200m", "memory": "128Mi"}},
+                                        *ephemeral.LOGS_ONLY)
 BUILDKIT_HOME = "/home/user"
 BUILD_ARGS_KEY = "build-args"
 BUILDKITD_CONFIG_KEY = "buildkitd.toml"   # in the job ConfigMap (k3:engine.plainHttpRegistries)
@@ -327,8 +332,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
         "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{JOB_DIR}/auth.py", AUTH_DIR, *auth_sources],
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                      "limits": {"cpu": "200m", "memory": "128Mi"}},
+        "resources": SIDE_RESOURCES,
         "securityContext": restricted,
         "volumeMounts": auth_mounts,
     }
@@ -348,8 +352,7 @@ def build_job(plan: EnginePlan, cfg: StackConfig, names: BuildNames, labels: dic
             {"name": "K3_TOKEN_DIR", "value": TOKEN_DIR},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                      "limits": {"cpu": "200m", "memory": "128Mi"}},
+        "resources": SIDE_RESOURCES,
         "securityContext": restricted,
         "volumeMounts": [
             {"name": "job", "mountPath": JOB_DIR, "readOnly": True},

@@ -19,7 +19,7 @@ import hashlib
 
 import yaml
 
-from k3infra import naming, checkov_skips
+from k3infra import checkov_skips, ephemeral, naming
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.versions import EPP_CONFIG_API_VERSION, INFERENCE_GROUP
@@ -117,8 +117,10 @@ def deployment(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
                   {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # Hashing 35K-token prompts in blocks for every request is the picker's work.
-        "resources": {"requests": {"cpu": "4", "memory": "8Gi"},
-                      "limits": {"cpu": "8", "memory": "16Gi"}},
+        # Disk: the /tmp emptyDir (1 GiB) and the logs.
+        "resources": ephemeral.with_storage({"requests": {"cpu": "4", "memory": "8Gi"},
+                                             "limits": {"cpu": "8", "memory": "16Gi"}},
+                                            ephemeral.LOGS_GI, 1 + ephemeral.LOGS_GI),
         "livenessProbe": _grpc_probe(10), "readinessProbe": _grpc_probe(2),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,

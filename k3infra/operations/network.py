@@ -25,6 +25,10 @@ Weights audit pods (k3:weights.auditSchedule) are selected by no allow rule: the
 deny leaves them no ingress and no egress (they read a volume and print). So are the
 engine image pre-pull pods (k3:coldStart.prepull): they only sleep; the kubelet pulls.
 
+Client pods of the stack's namespace (k3:network.allowFromPodLabels): the default deny
+would leave them no egress, so the serving policy's rule for them would admit nobody (the
+node tier's enforced probes found it): they get egress to DNS and the API port only.
+
 Benchmark pods (k3:benchmark.enabled): the Job takes no ingress and reaches only DNS and
 the serving pods' API port (its tokenizer comes from the weights directory, offline);
 the reader pod `k3infra bench fetch` starts streams through the exec API and needs no
@@ -62,7 +66,8 @@ def policy_names(base: str) -> dict[str, str]:
             "source": f"{base}-{SOURCE_COMPONENT}",
             "benchmark": f"{base}-{BENCHMARK_COMPONENT}",
             "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}",
-            "accuracy": f"{base}-{ACCURACY_COMPONENT}"}
+            "accuracy": f"{base}-{ACCURACY_COMPONENT}",
+            "clients": f"{base}-clients"}
 
 
 def component_selector(instance: str, component: str) -> dict:
@@ -202,10 +207,27 @@ def benchmark_policies(cfg: StackConfig, names: naming.ServingNames, instance: s
             _policy(pols["benchmark-reader"], names, instance, reader, [])]
 
 
+def clients_policy(cfg: StackConfig, names: naming.ServingNames, instance: str) -> dict:
+    """Client pods in the stack's namespace (k3:network.allowFromPodLabels): the
+    namespace's default deny leaves them no egress, so the serving policy's ingress rule
+    for them would admit nobody. Egress to DNS and the serving pods' API port only; their
+    ingress stays the default deny's (this policy is Egress only)."""
+    to_serving = {"to": [{"podSelector": {"matchLabels": naming.selector_labels(instance)}}],
+                  "ports": [{"port": cfg.serving.port, "protocol": "TCP"}]}
+    pol = _policy(policy_names(names.base)["clients"], names, instance,
+                  {"matchLabels": dict(cfg.network.allow_from_pod_labels)},
+                  [dns_egress(cfg), to_serving])
+    pol["spec"]["policyTypes"] = ["Egress"]
+    del pol["spec"]["ingress"]
+    return pol
+
+
 def network_policies(cfg: StackConfig, names: naming.ServingNames, instance: str) -> list[dict]:
     out = [default_deny(policy_names(names.base)["default-deny"], names.namespace,
                         naming.labels(instance, "network-policy")),
            serving_policy(cfg, names, instance), prefetch_policy(cfg, names, instance)]
+    if cfg.network.allow_from_pod_labels and not cfg.gateway.enabled:
+        out.append(clients_policy(cfg, names, instance))
     if fanout.serving_copies(cfg):
         out.append(source_policy(cfg, names, instance))
     if cfg.benchmark.enabled:

@@ -80,7 +80,7 @@ def _resources(args: ResourceValidationArgs, report: ReportViolation) -> None:
             if c.list_name == "ephemeralContainers":
                 continue   # the API does not allow resources on ephemeral containers
             missing = [f"{part}.{res}" for part in ("requests", "limits")
-                       for res in ("cpu", "memory")
+                       for res in ("cpu", "memory", "ephemeral-storage")
                        if get(c.spec, "resources", part, res) is None]
             if missing:
                 report(f"{wl.kind} {wl.name} container {c.name}: no resources "
@@ -89,10 +89,11 @@ def _resources(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 resources = ResourceValidationPolicy(
     name="k3-resources",
-    description=(f"Every container states CPU and memory requests and limits: a serving node "
-                 f"is one replica of a {_receipt().model.total_params}-parameter model, and an unbounded "
-                 f"neighbour (or an unbounded prefetch hashing {_receipt().model.size_gb:g} GB) must not "
-                 "starve it."),
+    description=(f"Every container states CPU, memory and ephemeral-storage requests and limits: "
+                 f"a serving node is one replica of a {_receipt().model.total_params}-parameter model, "
+                 f"and an unbounded neighbour (or an unbounded prefetch hashing "
+                 f"{_receipt().model.size_gb:g} GB) must not starve it, nor fill the node's disk "
+                 "with logs or scratch, which gets pods evicted with nothing said in advance."),
     validate=_resources,
     enforcement_level=EnforcementLevel.MANDATORY,
 )

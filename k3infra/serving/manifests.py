@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from k3infra import checkov_skips, naming, placement, topology
+from k3infra import checkov_skips, ephemeral, naming, placement, topology
 from k3infra.serving import proxy, start
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
@@ -208,11 +208,13 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "args": [*serve_args(receipt, cfg, weights.model_dir), *extra_args],
         "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env,
                 *start.env(image)],
-        "resources": {
+        # Disk: the /tmp emptyDir (k3:serving.tmpSizeGi), the gate's state (64 Mi) and
+        # the logs; the weights and the compile cache are claims.
+        "resources": ephemeral.with_storage({
             "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
             "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
             **({"claims": [{"name": c} for c in claims]} if claims else {}),
-        },
+        }, 1, s.tmp_size_gi + 1),
         "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
         "readinessProbe": _probe(port, 10, 3),
         "livenessProbe": _probe(port, 30, 4, timeout=10),

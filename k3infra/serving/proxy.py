@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3infra import nginx
+from k3infra import ephemeral, nginx
 from k3infra.config import API_KEY_RE, SECRET_PLACEHOLDER, StackConfig
 
 CONTAINER = "proxy"
@@ -40,6 +40,7 @@ CONF_DIR = "/etc/k3-proxy"
 CONF_KEY = "nginx.conf"
 KEYS_KEY = "keys.map"
 TMP_DIR = "/tmp"
+PROXY_TMP_GI = 1                       # the proxy-tmp emptyDir
 LIVE_PATH = "/proxy-live"             # the proxy's own liveness: nginx answers it itself
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
@@ -164,7 +165,9 @@ def container(cfg: StackConfig, conf_volume: str) -> dict:
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"},
                   {"name": "health", "containerPort": s.health_port, "protocol": "TCP"}],
-        "resources": s.proxy_resources.manifest(),
+        # Disk: proxy-tmp (1 GiB, request bodies nginx buffers) and the logs.
+        "resources": ephemeral.with_storage(s.proxy_resources.manifest(), ephemeral.LOGS_GI,
+                                            PROXY_TMP_GI + ephemeral.LOGS_GI),
         # Ready only when vLLM is: the pod takes traffic once both are up.
         "readinessProbe": _probe(HEALTH_PATH, "health", 10, 3),
         # Alive is nginx itself: a loading engine must not restart the proxy.
@@ -186,7 +189,7 @@ def volumes(configmap_name: str, secret_name: str, conf_volume: str) -> list[dic
                                            "items": [{"key": CONF_KEY, "path": CONF_KEY}]}},
                             {"secret": {"name": secret_name,
                                         "items": [{"key": KEYS_KEY, "path": KEYS_KEY}]}}]}},
-            {"name": "proxy-tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+            {"name": "proxy-tmp", "emptyDir": {"sizeLimit": f"{PROXY_TMP_GI}Gi"}}]
 
 
 def config_files(cfg: StackConfig) -> dict[str, str]:

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from k3infra import checkov_skips, placement, podfiles
+from k3infra import checkov_skips, ephemeral, placement, podfiles
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
@@ -37,6 +37,12 @@ RUNTIME_PACKAGE = "k3weights"           # the runtime package's name inside pods
 POD_SCRIPTS = ("prefetch.sh", "check-lock.sh")
 LOCK_KEY = "lock.json"
 GATE_STATE_DIR = "/var/run/k3-gate"     # stamps mode: the pod-private record (an emptyDir)
+# The weights pods' /tmp (an emptyDir, HOME of the prefetch): the runtime's copy and the
+# logs for a gate; for the prefetch also huggingface_hub's and hf_xet's state and at most
+# hf_xet's chunk cache (10 GB where its build enables one; xet-runtime's chunk_cache.rs).
+GATE_TMP_GI = 1
+AUDIT_START_DEADLINE_SECONDS = 3600
+PREFETCH_TMP_GI = 12
 # The serving container's entrypoint: the gate, then vLLM (exec: vLLM is PID 1's child
 # no more, signals reach it). It runs on every container start, restarts included.
 GATE_CHECK = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
@@ -310,7 +316,9 @@ def _gate_container(name: str, image: Any, receipt: Receipt, cfg: StackConfig, b
     return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
             "command": ["sh", "-c", GATE_SCRIPT, f"k3-{name}", "true"],
             "env": _gate_env(receipt, cfg, layout(receipt, cfg), lock_text, "warm"),
-            "resources": cfg.weights.gate_resources.manifest(),
+            # Disk: the runtime's copy in /tmp and the logs.
+            "resources": ephemeral.with_storage(cfg.weights.gate_resources.manifest(),
+                                                ephemeral.LOGS_GI, GATE_TMP_GI),
             "securityContext": container_security_context(),
             "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT,
                               "readOnly": True}, *_runtime_mounts(base)]}
@@ -351,7 +359,8 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
         container = {"name": "prefetch", "image": image, "imagePullPolicy": "IfNotPresent",
                      "command": ["sh", "-c", PREFETCH_SCRIPT],
                      "env": [*_prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret), origin],
-                     "resources": cfg.weights.prefetch_resources.manifest(),
+                     "resources": ephemeral.with_storage(cfg.weights.prefetch_resources.manifest(),
+                                                         1, PREFETCH_TMP_GI),
                      "securityContext": container_security_context(),
                      "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
                                       *_runtime_mounts(base)]}
@@ -402,6 +411,11 @@ def audit_cronjobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str
                                      checkov_skips.ENGINE_IMAGE_UID)},
                     "spec": {"schedule": cfg.weights.audit_schedule,
                              "concurrencyPolicy": "Forbid", "successfulJobsHistoryLimit": 1,
+                             # A run the controller could not start on time (it was down,
+                             # or the previous audit still ran) starts within the hour or
+                             # waits for the next schedule; without a deadline the
+                             # controller stops starting a CronJob after 100 missed ones.
+                             "startingDeadlineSeconds": AUDIT_START_DEADLINE_SECONDS,
                              "failedJobsHistoryLimit": 3,
                              "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
                                  "metadata": {"labels": pod_labels}, "spec": spec}}}}})

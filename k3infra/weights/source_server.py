@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Optional
 
-from k3infra import checkov_skips, nginx
+from k3infra import checkov_skips, ephemeral, nginx
 from k3infra.config import StackConfig
 from k3infra.naming import SOURCE_COMPONENT
 from k3infra.podsecurity import container_security_context
@@ -48,8 +48,11 @@ COPY_LABEL = "k3infra.dev/weights-copy"
 CHECK_SCRIPT = w.GATE_SCRIPT.replace('--workers "$K3_HASH_WORKERS"',
                                      '--workers "$K3_HASH_WORKERS" --require-marker')
 NGINX_CPU_LIMIT = 8                      # also its worker count (k3infra/nginx.py)
-NGINX_RESOURCES = {"requests": {"cpu": "2", "memory": "512Mi"},
-                   "limits": {"cpu": str(NGINX_CPU_LIMIT), "memory": "1Gi"}}
+# Disk: nginx serves files from the read-only copy; it writes its logs and, at most,
+# temporary files under TMP_DIR.
+NGINX_RESOURCES = ephemeral.with_storage({"requests": {"cpu": "2", "memory": "512Mi"},
+                                          "limits": {"cpu": str(NGINX_CPU_LIMIT), "memory": "1Gi"}},
+                                         ephemeral.LOGS_GI, 1 + ephemeral.LOGS_GI)
 
 
 def nginx_conf(lay: w.WeightsLayout, weights_root: str = w.WEIGHTS_ROOT,

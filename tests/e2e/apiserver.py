@@ -72,6 +72,9 @@ CONTROLLERS = (
     "persistentvolume-binder-controller",
     "persistentvolume-protection-controller",
     "pod-garbage-collector-controller",
+    # A PodDisruptionBudget's status (disruptionsAllowed), without which the Eviction API
+    # refuses every eviction of the pods it selects (tests/e2e/drain.py).
+    "disruption-controller",
 )
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine; a quiet one needs ~10 s
 STOP_TIMEOUT_S = 15.0

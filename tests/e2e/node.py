@@ -21,7 +21,10 @@ What differs from a user's node, and why:
 - CoreDNS runs as a process of the node, not as a pod (it needs only the API);
 - kube-proxy masquerades all Service traffic (``masqueradeAll``): pods on one bridge
   reach each other's Services without relying on the host's bridge netfilter setting;
-- no NetworkPolicy is enforced: the bridge CNI has no policy engine.
+- NetworkPolicies are enforced only on a node started with ``network_policy=True``:
+  kube-router's policy controller (``tools/engine/netpol``, iptables and ipset) runs
+  beside the bridge CNI as a process of the node, not as a DaemonSet; the other nodes
+  enforce none (the bridge CNI has no policy engine).
 The kernel settings the kubelet changes (``KUBELET_SYSCTLS``) are restored on exit.
 """
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from apiserver import Cluster, ClusterError, _Processes, _free_port, report
+from apiserver import SERVICE_CIDR, Cluster, ClusterError, _Processes, _free_port, report
 
 NODE_IP_ENV = "K3INFRA_E2E_NODE_IP"
 NODE_NAME = "k3e2e-node"
@@ -46,6 +49,7 @@ BRIDGE = "k3br0"
 GPUS = 1
 GPU_RESOURCE = "nvidia.com/gpu"
 STORAGE_CLASS = "k3e2e-local"
+NETPOL_CHAIN = "KUBE-ROUTER-FORWARD"    # kube-router's top-level chain (filter table)
 START_TIMEOUT_S = 240.0
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_BUILD = ROOT / "tools" / "images" / "build.sh"
@@ -69,6 +73,7 @@ class Node:
     volumes: Path                    # the static PersistentVolumes' directories
     product_label: str
     start_seconds: float
+    network_policy: bool             # NetworkPolicies enforced (kube-router's controller)
     _pv_count: list = field(default_factory=lambda: [0])
 
     def containerd_socket(self) -> Path:
@@ -292,11 +297,18 @@ def _storage_class(cluster: Cluster) -> None:
             "volumeBindingMode": "Immediate"})
 
 
+def _policy_chains_ready() -> bool:
+    """kube-router's top-level chains exist once its first full sync ran: from then on
+    every pod it sees is policed."""
+    return subprocess.run(["iptables", "-w", "-S", NETPOL_CHAIN], capture_output=True).returncode == 0
+
+
 @contextlib.contextmanager
 def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
-             images: tuple[str, ...]) -> Iterator[Node]:
-    """Start the registry, containerd, CoreDNS, kube-scheduler, the kubelet and kube-proxy;
-    push `images` (plus the pause image); stop everything on exit."""
+             images: tuple[str, ...], network_policy: bool = False) -> Iterator[Node]:
+    """Start the registry, containerd, CoreDNS, kube-scheduler, the kubelet and kube-proxy
+    (and with `network_policy` kube-router's NetworkPolicy controller); push `images`
+    (plus the pause image); stop everything on exit."""
     from registry import remove_stores, run_registry
 
     started = time.monotonic()
@@ -335,10 +347,17 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
             _wait(f"{GPU_RESOURCE} allocatable", lambda: _gpus_allocatable(cluster), procs,
                   deadline)
             _storage_class(cluster)
+            if network_policy:
+                # After Ready: the controller reads the node's InternalIP at start.
+                procs.start("kube-router-netpol", [
+                    str(bin_dir / "kube-router-netpol"), f"--kubeconfig={cluster.kubeconfig}",
+                    f"--hostname-override={NODE_NAME}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}", "-v=1"])
+                _wait("NetworkPolicy controller", _policy_chains_ready, procs, deadline)
             yield Node(name=NODE_NAME, ip=node_ip, cluster=cluster, images=pushed,
                        registry=reg.address, workdir=workdir, volumes=workdir / "volumes",
                        product_label=product_label,
-                       start_seconds=time.monotonic() - started)
+                       start_seconds=time.monotonic() - started, network_policy=network_policy)
         finally:
             procs.stop()
             _remove_pod_sandboxes(workdir)
@@ -356,33 +375,38 @@ def _remove_pod_sandboxes(workdir: Path) -> None:
             os.kill(int(pidfile.read_text()), 9)
 
 
-def missing(cluster_bin: Path) -> str | None:
+def missing(cluster_bin: Path, network_policy: bool = False) -> str | None:
     """Why the node cannot start here, or None."""
     if not os.environ.get(NODE_IP_ENV):
         return (f"{NODE_IP_ENV} is not set: the node tier runs inside the network namespace "
                 "tests/e2e/netns.sh makes (`make e2e`)")
-    lacking = [b for b in ("kube-scheduler", "kubelet", "kube-proxy", "coredns")
-               if not os.access(cluster_bin / b, os.X_OK)]
+    binaries = ("kube-scheduler", "kubelet", "kube-proxy", "coredns",
+                *(("kube-router-netpol",) if network_policy else ()))
+    lacking = [b for b in binaries if not os.access(cluster_bin / b, os.X_OK)]
     if lacking:
         return f"{cluster_bin} lacks {', '.join(lacking)}: run tools/engine/build.sh"
-    for tool in ("containerd", "runc", "ctr", "docker-registry", "skopeo"):
+    for tool in ("containerd", "runc", "ctr", "docker-registry", "skopeo",
+                 *(("ipset",) if network_policy else ())):
         if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode:
             return f"{tool} is not installed (.ci/run installs the node's Debian packages)"
     return None
 
 
-def node_fixture(product_label: str, images: tuple[str, ...]):
-    """A session fixture `node` for a test receipt's GPU product label and images."""
+def node_fixture(product_label: str, images: tuple[str, ...], network_policy: bool = False):
+    """A session fixture `node` for a test receipt's GPU product label and images; with
+    `network_policy` the node enforces NetworkPolicies."""
 
     @pytest.fixture(scope="session")
     def node(request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory) -> Iterator[Node]:
-        reason = missing(cluster.bin_dir)
+        reason = missing(cluster.bin_dir, network_policy)
         if reason:
             pytest.skip(reason)
         workdir = tmp_path_factory.mktemp("node")
-        with run_node(cluster, workdir, os.environ[NODE_IP_ENV], product_label, images) as n:
+        with run_node(cluster, workdir, os.environ[NODE_IP_ENV], product_label, images,
+                      network_policy) as n:
+            enforcing = ", kube-router's NetworkPolicy controller" if network_policy else ""
             report(request.config,
-                   f"\nnode {n.name} ({n.ip}): kubelet, containerd, kube-proxy, CoreDNS; "
+                   f"\nnode {n.name} ({n.ip}): kubelet, containerd, kube-proxy, CoreDNS{enforcing}; "
                    f"Ready with {GPU_RESOURCE}={GPUS} in {n.start_seconds:.1f} s; "
                    f"images {', '.join(n.images.values())}; logs in {workdir}")
             yield n

@@ -56,9 +56,9 @@ modules() {  # LANE PARTS MODULE...: each module in its own session and network 
 # the CPU to it (nice). Side by side all three stretch (a cached CI here: control plane
 # 1735 s, node 1638 s, host 929 s), still well under the 2228 s they took in a row.
 # The parts each node lane runs: the CLI and the Kubernetes provider (every module's
-# `pulumi`), the cluster; CoreDNS for the node; BuildKit (the build Job's image, the build
+# `pulumi`), the cluster; CoreDNS and the NetworkPolicy controller for the node; BuildKit (the build Job's image, the build
 # scripts' test); Docker Compose for the host's file.
-node_lane() { modules node "pulumi cluster kubernetes coredns buildkit" "${node[@]}"; }
+node_lane() { modules node "pulumi cluster kubernetes coredns netpol buildkit" "${node[@]}"; }
 host_lane() { modules host "pulumi cluster kubernetes buildkit composecli" "${host[@]}"; }
 
 # Disk: the node and host lanes each hold a copy of the images (the engine image is 3.4 GB

@@ -11,6 +11,7 @@
 #   .            pulumi (CLI) + pulumi-language-python (k3infra's host) + its exec script
 #   kubernetes/  pulumi-resource-kubernetes
 #   cluster/     etcd, kube-apiserver, kube-controller-manager
+#   netpol/      kube-router-netpol (the e2e node's NetworkPolicy enforcement)
 #   <dir>/       any other folder with a build.sh OUTDIR is a part too
 # No binary is committed; nothing is downloaded but Go modules from the module proxy.
 set -euo pipefail
@@ -71,7 +72,7 @@ build_part() {
 # Build order: pulumi and what the node lane of `make e2e` needs next (tests/e2e/tiers.sh
 # starts that lane as soon as they are built, while the others still build), then the
 # other parts by name.
-node_lane=(cluster kubernetes coredns buildkit)
+node_lane=(cluster kubernetes coredns netpol buildkit)
 subs=("${node_lane[@]}")
 for f in "$here"/*/build.sh; do
   sub="$(basename "$(dirname "$f")")"
