@@ -209,8 +209,8 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env,
                 *start.env(image)],
         "resources": {
-            "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
-            "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
+            **{kind: {**quantities, "nvidia.com/gpu": gpus_text}
+               for kind, quantities in s.resources.manifest().items()},
             **({"claims": [{"name": c} for c in claims]} if claims else {}),
         },
         "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
