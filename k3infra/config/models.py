@@ -108,8 +108,8 @@ class ContainerResources(_Section):
 
 
 class _LimitIsRequest(ContainerResources):
-    """Resources whose limits are their requests (the vLLM container: Guaranteed CPU and
-    memory; the page cache its gate fills is charged to that memory)."""
+    """Resources whose limits are their requests (the vLLM container: the scheduler
+    reserves what the engine uses; docs/serving.md#sizing)."""
 
     @model_validator(mode="after")
     def _limits_are_requests(self) -> "_LimitIsRequest":
@@ -960,9 +960,8 @@ class MultiNodeConfig(_Section):
         description="`4` only (NVL72 trays); 8-GPU nodes hold a replica: `single-node`")
     domain_label: DomainLabel = Field(
         default="nvidia.com/gpu.clique", alias="domainLabel",
-        description="the node label that names a node's NVLink domain; GPU feature discovery "
-                    "sets nvidia.com/gpu.clique (<cluster UUID>.<clique id>) on multi-node "
-                    "NVLink trays")
+        description="the node label that names a node's NVLink domain (its values: "
+                    "`<cluster UUID>.<clique id>`)")
 
 
 class StackConfig(_Section):
