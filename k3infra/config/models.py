@@ -133,7 +133,8 @@ def memory_quantity(gi: float) -> str:
 
 
 def _resources(name: str, doc: str, cpu: float, cpu_limit: Optional[float], memory_gi: float,
-               memory_limit_gi: Optional[float], base: type[ContainerResources] = ContainerResources,
+               memory_limit_gi: Optional[float],
+               base: type[ContainerResources] = ContainerResources,
                bounds: Optional[dict[str, tuple[float, float]]] = None
                ) -> type[ContainerResources]:
     """A ContainerResources with one container's defaults; `bounds` (`{"cpu": (1, 1024)}`)

@@ -112,7 +112,8 @@ class Key:
                 text = str(extra.get("unset", "unset"))
             elif isinstance(value, BaseModel):
                 page = type(value).page if "." not in self.path else None
-                text = f"see [{page.removesuffix('.md')}]({page})" if page and links else "see below"
+                text = (f"see [{page.removesuffix('.md')}]({page})" if page and links
+                        else "see below")
             else:
                 text = f"`{_shown(value)}`"
         return f"{text} (secret)" if self.secret else text
@@ -194,17 +195,16 @@ def _metadata(items) -> list:
     return out
 
 
+_SIGNS = ((Ge, "ge", "≥"), (Gt, "gt", ">"), (Le, "le", "≤"), (Lt, "lt", "<"))
+
+
 def _bounds(meta: list) -> str:
-    found = {}
-    for m in meta:
-        for cls, sign in ((Ge, "≥"), (Gt, ">"), (Le, "≤"), (Lt, "<")):
-            if isinstance(m, cls):
-                found[sign] = getattr(m, {"≥": "ge", ">": "gt", "≤": "le", "<": "lt"}[sign])
-    low = ("≥", found["≥"]) if "≥" in found else ((">", found[">"]) if ">" in found else None)
-    high = ("≤", found["≤"]) if "≤" in found else (("<", found["<"]) if "<" in found else None)
-    if low and high and low[0] == "≥" and high[0] == "≤":
-        return f"{_number(low[1])}–{_number(high[1])}"
-    return ", ".join(f"{sign} {_number(v)}" for sign, v in (low, high) if sign)
+    found = [(sign, getattr(m, attr)) for m in meta for cls, attr, sign in _SIGNS
+             if isinstance(m, cls)]
+    signs = dict(found)
+    if "≥" in signs and "≤" in signs:
+        return f"{_number(signs['≥'])}–{_number(signs['≤'])}"
+    return ", ".join(f"{sign} {_number(value)}" for sign, value in found)
 
 
 def _count(meta: list) -> str:
@@ -245,7 +245,8 @@ def accepts(ann: Any, metadata=()) -> str:
     if origin is list:
         item = get_args(ann)[0]
         count = _count(meta)
-        text = words or ("a list of objects" if _model_in(item) else f"a list, each {accepts(item)}")
+        text = words or ("a list of objects" if _model_in(item)
+                         else f"a list, each {accepts(item)}")
         return f"{text} ({count})" if count else text
     if origin is dict:
         if words:
