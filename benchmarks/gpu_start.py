@@ -182,7 +182,7 @@ def stack_raw(rev: str, label: str, image: str, key: str, load_format: str | Non
            "nodePool": {"provider": "existing"},
            "weights": {"mode": "node-local", "gateMode": gate_mode},
            # No measured p99 yet to derive the drain from; this host has 128 GiB.
-           "serving": {"drainSeconds": 30, "memoryGi": 120},
+           "serving": {"drainSeconds": 30, "resources": {"memoryGi": 120}},
            "servedModelName": "random-llama", "benchmark": {"enabled": True}, "apiKey": key}
     if load_format:
         # --load-format is engine path: only profile custom may add it (docs/coldstart.md).

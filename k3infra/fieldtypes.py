@@ -16,6 +16,7 @@ Low module: imports nothing from k3infra.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -83,6 +84,14 @@ class FullMatch:
         if not self.matches(value):
             raise ValueError(self.accepted)
         return value
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What a type accepts, in words, where its check cannot say it (a function): read by
+    the key reference (k3infra/config/reference.py); pydantic ignores it."""
+
+    text: str
 
 
 def pattern(regex: str, accepted: str, max_length: int | None = None):
@@ -219,9 +228,11 @@ def _ip(value: str) -> str:
     return value
 
 
-Cidr = Annotated[str, Field(max_length=64), AfterValidator(_cidr)]
-Labels = Annotated[dict[str, str], AfterValidator(_labels)]
-IpAddress = Annotated[str, Field(max_length=64), AfterValidator(_ip)]
+Cidr = Annotated[str, Field(max_length=64), AfterValidator(_cidr),
+                 Accepted("a CIDR (address/prefix, no host bits)")]
+Labels = Annotated[dict[str, str], AfterValidator(_labels),
+                   Accepted("Kubernetes labels (label key: label value)")]
+IpAddress = Annotated[str, Field(max_length=64), AfterValidator(_ip), Accepted("an IP address")]
 
 # ---- bounds -----------------------------------------------------------------------------
 # Ceilings: what one Kubernetes object, one node or one cluster can hold.

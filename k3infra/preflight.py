@@ -101,15 +101,16 @@ def check_node_count(cfg: StackConfig, receipt: Receipt) -> Check:
 def check_engine_cpu(cfg: StackConfig, receipt: Receipt) -> Check:
     """vLLM runs one worker process per GPU of the pod beside its API server; a CPU
     limit below the worker count throttles every step. The bound follows the receipt
-    (k3:serving.cpu itself accepts 1, for a one-worker CPU node)."""
+    (k3:serving.resources.cpu itself accepts 1, for a one-worker CPU node)."""
     workers = (cfg.multi_node.gpus_per_node if topology.is_multi_node(cfg)
                else receipt.measured_gpu.gpus_per_node)
-    if cfg.serving.cpu < workers:
+    cpu = cfg.serving.resources.cpu
+    if cpu < workers:
         raise PreflightError(
-            "k3:serving.cpu", cfg.serving.cpu,
+            "k3:serving.resources.cpu", cpu,
             f"the engine runs {workers} worker process(es), one per GPU of the pod, beside "
             f"its API server; accepted: at least {workers}")
-    return Check("engine CPU", f"{cfg.serving.cpu} CPU for {workers} engine worker(s)")
+    return Check("engine CPU", f"{cpu:g} CPU for {workers} engine worker(s)")
 
 
 TREES_PER_VOLUME = 2

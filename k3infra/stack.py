@@ -11,7 +11,8 @@ benchmark and operations parts) for one instance, composed from the `k3:*` keys.
         pulumi.ResourceOptions(provider=k8s_provider),
         receipt=load_receipt())
 
-Args are the stack config keys (without the `k3:` prefix). The keys listed in
+Args are the stack config keys (without the `k3:` prefix): `K3ServingStackArgs` is the
+TypedDict derived from the config models (k3infra/plugin/shapes.py). The keys listed in
 `k3infra.inputs.WIREABLE` (weightsRevision, engineImage, the cloud pool's ids) and the
 secrets (apiKey, hfToken) accept `pulumi.Input`s: plain values are validated before any
 resource is registered, Output values inside `apply` with the same messages. The
@@ -20,7 +21,7 @@ resources). Kubernetes names derive from the instance name (k3infra.naming).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, TypedDict, Union
+from typing import Any, Mapping, Optional, Union
 
 import pulumi
 
@@ -36,46 +37,15 @@ from k3infra.kube import apply_manifest, child_options, mark_every_object
 from k3infra.nodepool.component import B300NodePool
 from k3infra.operations.autoscaling import scaling_warnings
 from k3infra.operations.component import ServingOperations
+# The args type is derived from the config models (every k3:* key, Inputs where a value
+# may be wired), never written out again here.
+from k3infra.plugin.shapes import K3ServingStackArgs
 from k3infra.preflight import run_preflight
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 from k3infra.serving.component import VllmServing
 from k3infra.weights.component import WeightsPrefetch
 from k3infra.weights.lockcheck import check_lock_revision, load_stack_lock
-
-
-class K3ServingStackArgs(TypedDict, total=False):
-    """The `k3:*` keys (see Pulumi.yaml and docs/configuration.md for each one).
-    `pulumi.Input` where a value usually comes from another resource."""
-
-    weightsRevision: pulumi.Input[str]   # 40-hex Hub commit of moonshotai/Kimi-K3 (required)
-    apiKey: pulumi.Input[str]            # secret: the vLLM API key (required)
-    hfToken: pulumi.Input[str]           # secret: HF token, when the repo is gated
-    engineImage: pulumi.Input[str]       # repo@sha256:<64 hex> (prebuilt / upstream)
-    gpuProduct: str                      # GPU feature discovery product label
-    gpuMemoryGib: float                  # per-GPU memory, only for products not in the receipt
-    replicas: int                        # serving replicas = 8-GPU nodes
-    topology: str                        # single-node | multi-node (not measured)
-    multiNode: dict                      # nodesPerReplica, gpusPerNode, domainLabel
-    profile: str                         # measured | upstream | custom
-    acceptModelLicense: bool             # Kimi K3 License acknowledgement
-    namespace: str                       # default: the instance name
-    createNamespace: bool                # create and own it (default: only the instance's name)
-    servedModelName: str
-    surface: dict                        # allow-listed serving-surface args / env
-    custom: dict                         # engine-path changes (profile custom only)
-    serving: dict
-    weights: dict
-    engine: dict
-    nodePool: dict                       # cloud ids inside accept Inputs (inputs.WIREABLE)
-    benchmark: dict
-    accuracy: dict                # the lm-eval smoke test Job (docs/accuracy.md)
-    monitoring: dict
-    network: dict
-    gateway: dict                 # the inference gateway (docs/gateway.md)
-    autoscaling: dict             # KEDA on queue depth (docs/gateway.md)
-    coldStart: dict               # the cold-start phase rates and budgets (docs/coldstart.md)
-    host: dict                    # the Docker host stack's host (docs/host.md)
 
 
 class K3ServingStack(pulumi.ComponentResource):

@@ -59,7 +59,7 @@ def test_default_stack_budgets_are_the_documented_numbers():
     (),
     ("weights.gateMode=stamps",),
     ("serving.storageReadGBps=0.5",),
-    ("serving.memoryGi=512",),                       # the page cache cannot hold the tree
+    ("serving.resources.memoryGi=512",),                       # the page cache cannot hold the tree
     ('coldStart={"compileCache": "seeded", "tailFactor": 1.2}',),
     ("replicas=3", 'serving={"updatePartition": 2}'),
 ])

@@ -631,16 +631,24 @@ def test_eks_kubeconfig_uses_the_aws_cli_token():
 
 
 def test_the_args_type_names_every_stack_key():
-    """K3ServingStackArgs is hand-written for editors; it had drifted from the config
-    (coldStart and host were missing). Every k3:* key, and nothing else."""
+    """K3ServingStackArgs is derived from the config models (a hand-written twin had
+    drifted: coldStart and host were missing): a TypedDict of every k3:* key, and nothing
+    else, the same one the plugin schema is inferred from."""
+    import typing
+
+    import k3infra
     from k3infra.config import StackConfig
+    from k3infra.plugin import shapes
     from k3infra.stack import K3ServingStackArgs
+
+    assert k3infra.K3ServingStackArgs is K3ServingStackArgs is shapes.K3ServingStackArgs
+    assert typing.is_typeddict(K3ServingStackArgs)
 
     keys = {field.alias or name for name, field in StackConfig.model_fields.items()}
     assert set(K3ServingStackArgs.__annotations__) == keys
     # And `pulumi.Input` exactly where the component takes an Output at the top level
     # (the generated schema's rule, k3infra/plugin/shapes.py).
     from k3infra.config import SECRET_KEYS
-    typed_input = {k for k, t in K3ServingStackArgs.__annotations__.items() if "Input[" in str(t)}
+    typed_input = {k for k, t in K3ServingStackArgs.__annotations__.items() if "Output[" in str(t)}
     assert typed_input == {k for k in keys if k in WIREABLE or k in SECRET_KEYS} == {
         "weightsRevision", "apiKey", "hfToken", "engineImage"}

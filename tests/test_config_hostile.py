@@ -117,7 +117,7 @@ def test_every_key_parses_or_is_refused_in_one_line(path, value):
 
 
 # What a stack file already set when `--config` lands on it (a dotted key then goes into it).
-STACK_VALUES = {**BASE, "k3:replicas": 2, "k3:serving": {"cpu": 96},
+STACK_VALUES = {**BASE, "k3:replicas": 2, "k3:serving": {"resources": {"cpu": 96}},
                 "k3:weights": '{"sizeGi": 1700}', "k3:surface": {"args": {}}}
 
 
@@ -160,7 +160,8 @@ def test_every_stack_file_parses_or_is_refused_in_one_line(doc):
 
 
 # A few renders end to end (the program itself, 0.5 s each): accepted values render.
-RENDER_KEYS = ["replicas", "namespace", "servedModelName", "serving.cpu", "serving.memoryGi",
+RENDER_KEYS = ["replicas", "namespace", "servedModelName", "serving.resources.cpu",
+               "serving.resources.memoryGi",
                "serving.shmSizeGi", "serving.storageReadGBps", "weights.sizeGi",
                "coldStart.warmLoadGBps", "coldStart.tailFactor", "serving.drainSeconds",
                "monitoring.scrapeInterval", "network.hubPorts", "gpuMemoryGib"]
@@ -291,8 +292,11 @@ def test_a_lock_revision_with_a_newline_is_refused():
     (dict(serving={"storageReadGBps": float("inf")}), "k3:serving.storageReadGBps = inf: Input should be a finite number"),
     (dict(serving={"storageReadGBps": "1e308"}), "k3:serving.storageReadGBps = '1e308': Input should be less than or equal to 10000"),
     (dict(serving={"storageReadGBps": 1e-300}), "k3:serving.storageReadGBps = 1e-300: Input should be greater than or equal to 0.001"),
-    (dict(serving={"cpu": 100000}), "k3:serving.cpu = 100000: Input should be less than or equal to 1024"),
-    (dict(serving={"memoryGi": 10**7}), "k3:serving.memoryGi = 10000000: Input should be less than or equal to 8192"),
+    (dict(serving={"resources": {"cpu": 100000}}), "k3:serving.resources.cpu = 100000: Input should be less than or equal to 1024"),
+    (dict(serving={"resources": {"memoryGi": 10**7}}), "k3:serving.resources.memoryGi = 10000000: Input should be less than or equal to 8192"),
+    (dict(serving={"resources": {"cpu": True}}), "k3:serving.resources.cpu = True: must be a number, not true/false"),
+    (dict(serving={"resources": {"cpu": 8, "cpuLimit": 16}}), "k3:serving.resources = {'cpu': 8, 'cpuLimit': 16}: cpuLimit 16 differs from cpu 8: this container's limit is its request"),
+    (dict(serving={"cpu": 96}), "k3:serving.cpu = 96: is not a known key: it moved to k3:serving.resources.cpu"),
     (dict(serving={"shmSizeGi": 10**7}), "k3:serving.shmSizeGi = 10000000: Input should be less than or equal to 8192"),
     (dict(coldStart={"tailFactor": float("nan")}), "k3:coldStart.tailFactor = nan: Input should be a finite number"),
     (dict(weights={"mode": "node-local"}, replicas=1000), "k3:replicas = 1000: must be at most 64 with k3:weights.mode = node-local"),
@@ -370,7 +374,7 @@ def test_other_providers_keys_pass_through():
 
 @pytest.mark.parametrize("assignment,needle", [
     ("replicas.x=1", "k3:replicas = {'x': '1'}: Input should be a valid integer"),
-    ("serving.cpu.x=1", "k3:serving.cpu.x = '1': k3:serving.cpu is 96, not an object"),
+    ("serving.resources.cpu.x=1", "k3:serving.resources.cpu.x = '1': k3:serving.resources.cpu is 96, not an object"),
     ("a..b=1", "--config = 'a..b': KEY is [namespace:]name(.name)*"),
     ("=1", "--config = '': KEY is"),
     ("serving=[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]", "nests deeper than 16 levels"),
@@ -378,8 +382,8 @@ def test_other_providers_keys_pass_through():
 ])
 def test_config_overrides_are_refused_in_one_line(assignment, needle):
     raw = dict(BASE)
-    if assignment.startswith("serving.cpu"):
-        raw["k3:serving"] = {"cpu": 96}
+    if assignment.startswith("serving.resources.cpu"):
+        raw["k3:serving"] = {"resources": {"cpu": 96}}
     with bounded(), pytest.raises(ConfigError) as exc:
         apply_override(raw, assignment)
         parse_stack_config(raw, receipt=R)

@@ -1,6 +1,6 @@
 """The installed package works outside a checkout (issue 31, point 6): the schema's key
-descriptions and the engine recipe are package data, not files read from docs/ or
-images/ of a source tree at run time.
+descriptions come from the config models and the engine recipe is package data, not
+files read from docs/ or images/ of a source tree at run time.
 
 The package tree is what setuptools' build_py writes (the step a wheel is zipped from,
 setup.py's recipe copy included), built from a copy of the tracked files into a temp
@@ -21,20 +21,11 @@ from pathlib import Path
 import pytest
 
 from k3infra.engine import component as ec
-from k3infra.plugin import schema
 
 from conftest import ROOT
 
 # What the package build reads: the rest of the checkout (tests, docs, tools) is absent.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "k3infra", "images")
-
-
-def test_the_packaged_doc_rows_are_the_docs_tables():
-    """doc_rows.json is generated from docs/; a key table edited without regenerating
-    it fails here with the command that regenerates it."""
-    assert schema.packaged_doc_rows() == schema.doc_rows(ROOT / "docs"), \
-        "stale k3infra/plugin/doc_rows.json: run `python -m k3infra.plugin.schema docs`"
-    assert schema.packaged_doc_rows()["createNamespace"].startswith("`true`: the instance")
 
 
 def test_setup_copies_the_files_the_recipe_has():
@@ -74,7 +65,6 @@ def run_installed(site: Path, code: str, cwd: Path) -> subprocess.CompletedProce
 def test_the_installed_package_reads_no_checkout_file(installed: Path, tmp_path):
     assert (installed / "k3infra/engine/recipe/Dockerfile").read_text() == \
         (ROOT / "images/Dockerfile").read_text()
-    assert (installed / "k3infra/plugin/doc_rows.json").is_file()
     assert not (installed / "docs").exists() and not (installed / "images").exists()
     code = f"""
 import json

@@ -132,7 +132,7 @@ def test_secrets_required_and_wired_keys(schema):
     assert resolve(schema, "weights.mode")["plain"] is True
 
 
-def test_defaults_and_descriptions_come_from_the_models_and_docs(schema):
+def test_defaults_and_descriptions_come_from_the_models(schema):
     props = component(schema)["inputProperties"]
     assert props["replicas"]["default"] == 1
     assert props["profile"]["default"] == "measured"
@@ -142,12 +142,19 @@ def test_defaults_and_descriptions_come_from_the_models_and_docs(schema):
     assert resolve(schema, "serving.port")["default"] == 8000
     assert resolve(schema, "weights.mode")["default"] == "shared"
     assert resolve(schema, "nodePool.aws.efaInterfaces")["default"] == 16
-    # docs/configuration.md's words where it has a row, the model's comment otherwise.
-    assert "40-hex lowercase Hub commit" in props["weightsRevision"]["description"]
-    assert "One of: `measured`, `upstream`, `custom`" not in props["profile"]["description"]
+    # The model's description, what the type accepts, what unset means (k3infra/config/
+    # reference.py), the same words as the docs tables.
+    assert "Accepts a 40-hex Hub commit (lowercase)" in props["weightsRevision"]["description"]
+    assert "Accepts" not in props["profile"]["description"]    # the meaning names each value
     assert "`RollingUpdate`" in resolve(schema, "serving.updateStrategy")["description"]
-    assert "`in-cluster`" in resolve(schema, "engine.build")["description"]      # engine.md
-    assert "One of: `managed-node-group`, `karpenter`" in resolve(schema, "nodePool.aws.mode")["description"]
+    assert resolve(schema, "engine.build")["description"].endswith(
+        "Default: `prebuilt` with `k3:engineImage`, else `in-cluster` (the `upstream` profile "
+        "and a Docker host need `k3:engineImage`).")
+    assert resolve(schema, "serving.resources.cpuLimit")["description"] == (
+        "`k3:serving.resources.cpuLimit`. The CPU limit in cores. Accepts a number, 0.01–1024. "
+        "Default: the request.")
+    assert resolve(schema, "serving.resources.cpu")["default"] == 96
+    assert "default" not in resolve(schema, "serving.resources.cpuLimit")
 
 
 def test_outputs_are_the_components_with_descriptions(schema):

@@ -153,12 +153,13 @@ def test_failed_preflight_registers_nothing():
 
 
 def test_engine_cpu_below_its_workers_refused(receipt):
-    """Issue 27: k3:serving.cpu accepts a small CPU node's 1; the receipt's 8 workers
+    """Issue 27: k3:serving.resources.cpu accepts a small CPU node's 1; the receipt's 8 workers
     still need 8 (the bound was a fixed ge=8)."""
     from k3infra.preflight import check_engine_cpu
 
     assert check_engine_cpu(stack_config({"provider": "existing"}), receipt).line() == (
         "ok  engine CPU: 96 CPU for 8 engine worker(s)")
     with pytest.raises(PreflightError) as err:
-        check_engine_cpu(stack_config({"provider": "existing"}, serving={"cpu": 4}), receipt)
-    assert err.value.key == "k3:serving.cpu" and "accepted: at least 8" in str(err.value)
+        check_engine_cpu(stack_config({"provider": "existing"}, serving={"resources": {"cpu": 4}}),
+                         receipt)
+    assert err.value.key == "k3:serving.resources.cpu" and "accepted: at least 8" in str(err.value)

@@ -22,7 +22,6 @@ from k3infra.config.base import (
     SECRET_PLACEHOLDER,
     API_KEY_RE,
     PROXY_IMAGE,
-    SECRET_KEYS,
     ConfigError,
     Secret)
 from k3infra.config.pools import (
@@ -52,6 +51,7 @@ from k3infra.config.models import (
     GatewayConfig,
     AutoscalingConfig,
     EPP_IMAGE,
+    SECRET_KEYS,
     StackConfig)
 from k3infra.config.parse import (
     decode_value,

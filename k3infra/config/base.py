@@ -2,7 +2,7 @@
 the base section model and the checks several sections use."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,7 +23,6 @@ API_KEY_RE = API_KEY.anchored
 # digest is an all-zero placeholder: renders work, `pulumi up` refuses it
 # (docs/security.md shows how to read the real digest of the tag).
 PROXY_IMAGE = "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:" + "0" * 64
-SECRET_KEYS = ("apiKey", "hfToken")
 
 
 class ConfigError(ValueError):
@@ -61,3 +60,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
                               arbitrary_types_allowed=True, allow_inf_nan=False,
                               str_max_length=MAX_STRING)
+    # The docs page (docs/<page>) whose key table holds this section's keys; None: a table
+    # of docs/configuration.md (k3infra/config/reference.py writes both).
+    page: ClassVar[Optional[str]] = None
+
+
+def unset(text: str) -> dict:
+    """A key's `json_schema_extra` when its unset value (None) means something: `text`
+    stands in the key tables' default column ("the instance name")."""
+    return {"unset": text}

@@ -7,9 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from k3infra.config.base import (CONFIG_NAMESPACE, SECRET_PLACEHOLDER, SECRET_KEYS,
-                                 ConfigError, Secret)
-from k3infra.config.models import StackConfig
+from k3infra.config.base import CONFIG_NAMESPACE, SECRET_PLACEHOLDER, ConfigError, Secret
+from k3infra.config.models import SECRET_KEYS, StackConfig
 from k3infra.fieldtypes import CREDENTIALS_IN_URL, string_problem, url_credentials
 from k3infra.receipt import Receipt
 
@@ -19,6 +18,10 @@ MAX_DEPTH = 16
 MAX_ITEMS = 1024
 # k3:nodePool.nodeCount's ceiling: node-local copies are one per node.
 NODE_LOCAL_MAX_REPLICAS = 64
+# Keys that moved, to the key that holds their value now (a stack file written before
+# says where its value goes instead of only "not a known key").
+MOVED_KEYS = {"serving.cpu": "serving.resources.cpu",
+              "serving.memoryGi": "serving.resources.memoryGi"}
 
 
 
@@ -51,7 +54,9 @@ def _accepted(err: dict) -> str:
     if err["type"] == "missing":
         return "is required"
     if err["type"] == "extra_forbidden":
-        return "is not a known key"
+        moved = MOVED_KEYS.get(_error_key(err["loc"]).split(":", 1)[1])
+        return (f"is not a known key: it moved to {CONFIG_NAMESPACE}:{moved}" if moved
+                else "is not a known key")
     return msg
 
 

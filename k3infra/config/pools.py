@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from k3infra.config.base import (_Section)
+from k3infra.config.base import _Section, unset
 from k3infra.fieldtypes import GB, pattern
 
 SecurityGroupId, _ = pattern(r"sg-[0-9a-f]{8,17}", "must be a security group id (sg-<8-17 hex>)")
@@ -19,38 +19,56 @@ _AWS_AZ = r"^[a-z]{2}(-[a-z0-9]+)+-\d+[a-z]$"
 class AwsSubnet(_Section):
     """One subnet of the node group, with its AZ so preflight can check capacity blocks."""
 
-    id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$")
-    availability_zone: str = Field(pattern=_AWS_AZ, alias="availabilityZone")
+    id: str = Field(pattern=r"^subnet-[0-9a-f]{8,17}$", description="the subnet's id")
+    availability_zone: str = Field(pattern=_AWS_AZ, alias="availabilityZone",
+                                   description="the subnet's availability zone")
 
 
 class AwsCapacityBlock(_Section):
     """An EC2 Capacity Block for ML: the nodes launch into this reservation only."""
 
-    reservation_id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", alias="reservationId")
-    availability_zone: str = Field(pattern=_AWS_AZ, alias="availabilityZone")
+    reservation_id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", alias="reservationId",
+                                description="the Capacity Block's reservation id")
+    availability_zone: str = Field(pattern=_AWS_AZ, alias="availabilityZone",
+                                   description="the availability zone it is in")
 
 
 class AwsPoolConfig(_Section):
     """k3:nodePool.aws: a pool on an existing EKS cluster."""
 
-    cluster_name: str = Field(min_length=1, max_length=100, alias="clusterName")
-    # "managed-node-group": aws.eks.NodeGroup + launch template. "karpenter": a Karpenter
-    # NodePool + EC2NodeClass (Karpenter must already run in the cluster).
-    mode: Literal["managed-node-group", "karpenter"] = "managed-node-group"
+    cluster_name: str = Field(min_length=1, max_length=100, alias="clusterName",
+                              description="the existing EKS cluster")
+    mode: Literal["managed-node-group", "karpenter"] = Field(
+        default="managed-node-group",
+        description="`managed-node-group`: an aws.eks.NodeGroup and its launch template; "
+                    "`karpenter`: a Karpenter NodePool and EC2NodeClass (Karpenter must "
+                    "already run in the cluster)")
     node_role_arn: Optional[str] = Field(default=None, alias="nodeRoleArn",
-                                         pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
-    # Karpenter's EC2NodeClass takes the node role by name.
-    node_role_name: Optional[str] = Field(default=None, alias="nodeRoleName", min_length=1)
-    subnets: list[AwsSubnet] = Field(min_length=1)
-    # Put on every network interface of the launch template (EFA needs a group that
-    # allows all traffic to and from itself); usually the cluster security group.
-    security_group_ids: list[SecurityGroupId] = Field(min_length=1, max_length=16,
-                                                      alias="securityGroupIds")
-    capacity_block: Optional[AwsCapacityBlock] = Field(default=None, alias="capacityBlock")
-    # EFA-only interfaces on network cards 1..N (card 0 keeps the ENA primary interface).
-    # One K3 replica is one node, so serving does not need EFA; 0 leaves it out.
-    efa_interfaces: int = Field(default=16, ge=0, le=31, alias="efaInterfaces")
-    root_volume_gib: int = Field(default=200, ge=50, le=16384, alias="rootVolumeGiB")
+                                         pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$",
+                                         description="the node IAM role's ARN; required with "
+                                                     "`managed-node-group`")
+    node_role_name: Optional[str] = Field(default=None, alias="nodeRoleName", min_length=1,
+                                          description="the node IAM role's name (Karpenter's "
+                                                      "EC2NodeClass takes it by name); required "
+                                                      "with `karpenter`")
+    subnets: list[AwsSubnet] = Field(min_length=1,
+                                     description="the node subnets, each with its availability "
+                                                 "zone (so preflight can check capacity blocks)")
+    security_group_ids: list[SecurityGroupId] = Field(
+        min_length=1, max_length=16, alias="securityGroupIds",
+        description="put on every network interface of the launch template (EFA needs a group "
+                    "that allows all traffic to and from itself); usually the cluster security "
+                    "group")
+    capacity_block: Optional[AwsCapacityBlock] = Field(
+        default=None, alias="capacityBlock",
+        description="an EC2 Capacity Block for ML: the nodes launch into this reservation only")
+    efa_interfaces: int = Field(default=16, ge=0, le=31, alias="efaInterfaces",
+                                description="EFA-only interfaces on network cards 1..N (card 0 "
+                                            "keeps the ENA primary interface). One K3 replica "
+                                            "is one node, so serving does not need EFA; 0 "
+                                            "leaves it out")
+    root_volume_gib: int = Field(default=200, ge=50, le=16384, alias="rootVolumeGiB",
+                                 description="the root gp3 volume, GiB")
 
     @model_validator(mode="after")
     def _role_for_mode(self) -> "AwsPoolConfig":
@@ -62,54 +80,77 @@ class AwsPoolConfig(_Section):
 
 
 class OciPlacement(_Section):
-    availability_domain: str = Field(min_length=1, alias="availabilityDomain")
-    subnet_id: str = Field(pattern=r"^ocid1\.subnet\.", alias="subnetId")
+    """One placement of the OKE node pool: an availability domain and its subnet."""
+
+    availability_domain: str = Field(min_length=1, alias="availabilityDomain",
+                                     description="the availability domain")
+    subnet_id: str = Field(pattern=r"^ocid1\.subnet\.", alias="subnetId",
+                           description="the node subnet there")
     capacity_reservation_id: Optional[str] = Field(
-        default=None, pattern=r"^ocid1\.capacityreservation\.", alias="capacityReservationId")
+        default=None, pattern=r"^ocid1\.capacityreservation\.", alias="capacityReservationId",
+        description="a capacity reservation the nodes launch into")
 
 
 class OciPoolConfig(_Section):
     """k3:nodePool.oci: an OKE node pool on an existing cluster."""
 
-    cluster_id: str = Field(pattern=r"^ocid1\.cluster\.", alias="clusterId")
-    compartment_id: str = Field(pattern=r"^ocid1\.(compartment|tenancy)\.", alias="compartmentId")
-    kubernetes_version: str = Field(pattern=r"^v\d+\.\d+\.\d+$", alias="kubernetesVersion")
-    # An OKE GPU worker image for the region (ships the NVIDIA driver and container toolkit).
-    image_id: str = Field(pattern=r"^ocid1\.image\.", alias="imageId")
-    placements: list[OciPlacement] = Field(min_length=1)
-    # RDMA between nodes needs the nodes inside one compute cluster (not needed by a
-    # single-node replica; recommended for more than one node).
-    compute_cluster_id: Optional[str] = Field(default=None, pattern=r"^ocid1\.computecluster\.",
-                                              alias="computeClusterId")
-    nsg_ids: list[str] = Field(default_factory=list, alias="nsgIds")
-    boot_volume_gb: int = Field(default=200, ge=50, le=32768, alias="bootVolumeGB")
-    ssh_public_key: Optional[str] = Field(default=None, alias="sshPublicKey")
+    cluster_id: str = Field(pattern=r"^ocid1\.cluster\.", alias="clusterId",
+                            description="the existing OKE cluster")
+    compartment_id: str = Field(pattern=r"^ocid1\.(compartment|tenancy)\.", alias="compartmentId",
+                                description="the compartment of the node pool")
+    kubernetes_version: str = Field(pattern=r"^v\d+\.\d+\.\d+$", alias="kubernetesVersion",
+                                    description="the node pool's Kubernetes version")
+    image_id: str = Field(pattern=r"^ocid1\.image\.", alias="imageId",
+                          description="an OKE GPU worker image for the region (ships the NVIDIA "
+                                      "driver and container toolkit)")
+    placements: list[OciPlacement] = Field(min_length=1,
+                                           description="where the nodes go: availability "
+                                                       "domains, subnets, reservations")
+    compute_cluster_id: Optional[str] = Field(
+        default=None, pattern=r"^ocid1\.computecluster\.", alias="computeClusterId",
+        description="the compute cluster the nodes join: RDMA between nodes needs one (not "
+                    "needed by a single-node replica; recommended for more than one node)")
+    nsg_ids: list[str] = Field(default_factory=list, alias="nsgIds",
+                               description="network security groups of the nodes")
+    boot_volume_gb: int = Field(default=200, ge=50, le=32768, alias="bootVolumeGB",
+                                description="the boot volume, GB")
+    ssh_public_key: Optional[str] = Field(default=None, alias="sshPublicKey",
+                                          description="an SSH public key for the nodes")
 
 
 class NebiusPoolConfig(_Section):
     """k3:nodePool.nebius: an MK8s node group on an existing cluster."""
 
-    cluster_id: str = Field(pattern=r"^mk8scluster-[a-z0-9]+$", alias="clusterId")
+    cluster_id: str = Field(pattern=r"^mk8scluster-[a-z0-9]+$", alias="clusterId",
+                            description="the existing MK8s cluster")
     subnet_id: Optional[str] = Field(default=None, pattern=r"^vpcsubnet-[a-z0-9]+$",
-                                     alias="subnetId")
-    # Image with the NVIDIA driver preinstalled (`nebius mk8s node-group
-    # get-compatibility-matrix` lists them); unset, the GPU Operator installs the driver.
-    drivers_preset: Optional[str] = Field(default=None, min_length=1, alias="driversPreset")
-    # Compute GPU cluster (InfiniBand fabric) the nodes join; optional for one node.
-    gpu_cluster_id: Optional[str] = Field(default=None, min_length=1, alias="gpuClusterId")
-    # Capacity block groups, in order of preference; empty means on-demand.
-    reservation_ids: list[str] = Field(default_factory=list, alias="reservationIds")
-    boot_disk_gib: int = Field(default=200, ge=64, le=16384, alias="bootDiskGiB")
-    service_account_id: Optional[str] = Field(default=None, alias="serviceAccountId")
+                                     alias="subnetId", description="the node subnet")
+    drivers_preset: Optional[str] = Field(
+        default=None, min_length=1, alias="driversPreset",
+        description="an image with the NVIDIA driver preinstalled (`nebius mk8s node-group "
+                    "get-compatibility-matrix` lists them)",
+        json_schema_extra=unset("unset: the GPU Operator installs the driver"))
+    gpu_cluster_id: Optional[str] = Field(
+        default=None, min_length=1, alias="gpuClusterId",
+        description="the compute GPU cluster (InfiniBand fabric) the nodes join; optional "
+                    "for one node")
+    reservation_ids: list[str] = Field(default_factory=list, alias="reservationIds",
+                                       description="capacity block groups, in order of "
+                                                   "preference; empty means on-demand")
+    boot_disk_gib: int = Field(default=200, ge=64, le=16384, alias="bootDiskGiB",
+                               description="the boot disk, GiB")
+    service_account_id: Optional[str] = Field(default=None, alias="serviceAccountId",
+                                              description="the nodes' service account")
 
 
 class CoreWeavePoolConfig(_Section):
     """k3:nodePool.coreweave: a CKS NodePool custom resource in the cluster."""
 
-    # CoreWeave instance id of the 8x B300 node; check it against the CoreWeave
-    # instance list for your zone before the first run.
     instance_type: str = Field(default="b300-8x", pattern=r"^[a-z0-9][a-z0-9-]*$",
-                               alias="instanceType")
+                               alias="instanceType",
+                               description="the CoreWeave instance id of the 8x B300 node; "
+                                           "check it against the CoreWeave instance list for "
+                                           "your zone before the first run")
 
 
 class ExistingPoolConfig(_Section):
@@ -122,22 +163,41 @@ class NodePoolConfig(_Section):
     `provider` picks the adapter; the section of the same name (`aws`, `oci`, `nebius`,
     `coreweave`) holds that cloud's settings and is the only one accepted."""
 
-    provider: Literal["existing", "aws", "oci", "nebius", "coreweave"] = "existing"
-    # Nodes in the pool; unset means one per serving replica (a replica is a whole node).
-    node_count: Optional[int] = Field(default=None, ge=1, le=64, alias="nodeCount")
-    # Local NVMe per node in decimal GB, for the node-local weights check. Known for
-    # the AWS SKU; other clouds must state it to use k3:weights.mode = node-local.
-    local_nvme_gb: Optional[GB] = Field(default=None, alias="localNvmeGB")
-    # Head-room on top of the weights in node-local mode (engine image, compile cache).
-    local_nvme_margin_pct: float = Field(default=10.0, ge=0, le=400, alias="localNvmeMarginPct")
-    # auto: install the NVIDIA GPU Operator on aws/oci/nebius, never on coreweave (CKS
-    # manages the GPU stack), not on existing clusters (they usually run their own).
-    gpu_operator: Literal["auto", "install", "skip"] = Field(default="auto", alias="gpuOperator")
-    aws: Optional[AwsPoolConfig] = None
-    oci: Optional[OciPoolConfig] = None
-    nebius: Optional[NebiusPoolConfig] = None
-    coreweave: Optional[CoreWeavePoolConfig] = None
-    existing: Optional[ExistingPoolConfig] = None
+    page = "clouds.md"
+
+    provider: Literal["existing", "aws", "oci", "nebius", "coreweave"] = Field(
+        default="existing",
+        description="the adapter; only the section of that name is accepted")
+    node_count: Optional[int] = Field(
+        default=None, ge=1, le=64, alias="nodeCount",
+        description="nodes in the pool; preflight refuses fewer than `k3:replicas`",
+        json_schema_extra=unset("`k3:replicas` (a replica is a whole node)"))
+    local_nvme_gb: Optional[GB] = Field(
+        default=None, alias="localNvmeGB",
+        description="local NVMe per node in decimal GB, for the node-local weights check; "
+                    "known for the AWS SKU, other clouds must state it to use "
+                    "`k3:weights.mode` = `node-local`",
+        json_schema_extra=unset("AWS: the SKU's; others: unset"))
+    local_nvme_margin_pct: float = Field(
+        default=10.0, ge=0, le=400, alias="localNvmeMarginPct",
+        description="head-room on top of the weights in node-local mode (engine image, "
+                    "compile cache), percent")
+    gpu_operator: Literal["auto", "install", "skip"] = Field(
+        default="auto", alias="gpuOperator",
+        description="`auto` installs the NVIDIA GPU Operator on aws/oci/nebius, never on "
+                    "coreweave (CKS manages the GPU stack; `install` is refused there), not on "
+                    "existing clusters (they usually run their own); `install`; `skip`")
+    aws: Optional[AwsPoolConfig] = Field(default=None,
+                                         description="a pool on an existing EKS cluster")
+    oci: Optional[OciPoolConfig] = Field(default=None,
+                                         description="an OKE node pool on an existing cluster")
+    nebius: Optional[NebiusPoolConfig] = Field(
+        default=None, description="an MK8s node group on an existing cluster")
+    coreweave: Optional[CoreWeavePoolConfig] = Field(
+        default=None, description="a CKS NodePool custom resource in the cluster; every "
+                                  "setting has a default")
+    existing: Optional[ExistingPoolConfig] = Field(
+        default=None, description="bring-your-own nodes; nothing is created (no settings)")
 
     @model_validator(mode="before")
     @classmethod

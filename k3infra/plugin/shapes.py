@@ -4,7 +4,9 @@ The inference (pulumi.provider.experimental.analyzer) reads TypedDicts: str, int
 float, bool, lists, string-keyed maps, nested TypedDicts, `pulumi.Input[T]`. The config
 models (k3infra/config) are the one definition of every `k3:*` key, so the shapes are
 derived from them here, never written twice: every section becomes a named object type
-(`k3:nodePool.aws` -> `AwsPool`), never an untyped map.
+(`k3:nodePool.aws` -> `AwsPool`), never an untyped map. `K3ServingStackArgs` here is the
+public args type (`from k3infra import K3ServingStackArgs`); the descriptions, defaults and
+secrets the inference cannot read are added by `schema.complete`.
 
 - keys in `k3infra.inputs.WIREABLE` and the secrets are `pulumi.Input[T]`; every other
   key is plain (it decides which resources exist), so a generated SDK types it plain;

@@ -100,7 +100,7 @@ def stack():
     from pulumi.runtime import config as runtime_config
 
     from k3infra.config import parse_stack_config
-    from k3infra.config.base import SECRET_KEYS
+    from k3infra.config import SECRET_KEYS
     from k3infra.receipt import load_receipt
 
     keys = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}

@@ -211,8 +211,8 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         # Disk: the /tmp emptyDir (k3:serving.tmpSizeGi), the gate's state (64 Mi) and
         # the logs; the weights and the compile cache are claims.
         "resources": ephemeral.with_storage({
-            "requests": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
-            "limits": {"cpu": str(s.cpu), "memory": f"{s.memory_gi}Gi", "nvidia.com/gpu": gpus_text},
+            **{kind: {**quantities, "nvidia.com/gpu": gpus_text}
+               for kind, quantities in s.resources.manifest().items()},
             **({"claims": [{"name": c} for c in claims]} if claims else {}),
         }, 1, s.tmp_size_gi + 1),
         "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),

@@ -138,14 +138,15 @@ def startup_budget(receipt: Receipt, serving: ServingConfig, cold: ColdStartConf
     tail = cold.tail_factor
     # The gate's reads stay in the page cache for the load only in warm mode and only
     # if the container's memory limit (which the page cache is charged to) holds them.
-    warm = gate_mode == "warm" and serving.memory_gi * 2**30 >= weight_bytes
+    memory_gi = serving.resources.memory_max_gi
+    warm = gate_mode == "warm" and memory_gi * 2**30 >= weight_bytes
     if warm:
         load_rate, load_how = cold.warm_load_gbps, f"warmLoadGBps {cold.warm_load_gbps:g}"
     else:
         load_rate = min(cold.cold_load_gbps, serving.storage_read_gbps)
         load_how = (f"min(coldLoadGBps {cold.cold_load_gbps:g}, storageReadGBps "
                     f"{serving.storage_read_gbps:g}) (no warm page cache: gate mode {gate_mode}, "
-                    f"memory limit {serving.memory_gi} Gi)")
+                    f"memory limit {memory_gi:g} Gi)")
     seeded = cold.compile_cache == "seeded"
     compile_s = cold.compile_warm_seconds if seeded else cold.compile_cold_seconds
     estimates = (

@@ -336,7 +336,7 @@ def _resources(key: str, cpu, cpu_limit, mem, mem_limit):
 
 
 NODE_SIZED = (
-    ("--path", "k3:serving.cpu", "1"), ("--path", "k3:serving.memoryGi", "8"),
+    ("--path", "k3:serving.resources.cpu", "1"), ("--path", "k3:serving.resources.memoryGi", "8"),
     ("--path", "k3:serving.shmSizeGi", "1"), ("--path", "k3:serving.cacheSizeGi", "1"),
     ("--path", "k3:serving.tmpSizeGi", "2"),
     ("--path", "k3:serving.cacheStorageClass", STORAGE_CLASS),
