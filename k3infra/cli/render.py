@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from k3infra.cli import flags
+from k3infra.cli import UsageError, flags
+from k3infra.containerview import ViewError, show
 
 
 DEFAULT_STACK = "existing"
@@ -35,7 +36,6 @@ def _render(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from k3infra.cli import UsageError
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.display import console as literal_console, styled
     from k3infra.hbm import HbmError
@@ -95,9 +95,6 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _show(console, args, render, cfg, receipt) -> int:
-    from k3infra.cli import UsageError
-    from k3infra.containerview import ViewError, show
-
     if cfg.host is not None:
         raise UsageError(f"--show prints the pods of a cluster stack; stack {args.stack} is "
                          f"one Docker host: `k3infra render --stack {args.stack}` lists its "
