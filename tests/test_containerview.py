@@ -159,7 +159,7 @@ def test_the_image_origin_follows_the_engines_choice():
     """k3infra.origin.engine_image says what resolve_engine decides: the image the stack
     names, or the digest a build pushes."""
     receipt = load_receipt()
-    for overrides in [(PIN,), (PIN, *PREBUILT)]:
+    for overrides in [(PIN,), (PIN, *PREBUILT), (PIN, *PREBUILT, "profile=upstream")]:
         r = render("existing", *overrides)
         cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=receipt)
         o = origin.engine_image(cfg)
@@ -198,3 +198,8 @@ def test_cli_show_prints_one_container_and_refuses_an_unknown_name(tmp_path, cap
     assert main(["render", "--show", "nginx", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
         "k3infra render: --show nginx: no container of that name; accepted: prefetch, proxy, vllm")
+    assert main(["render", "--stack", "host", "--show", "--out", str(tmp_path / "host")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "k3infra render: --show prints the pods of a cluster stack; stack host is one Docker "
+        "host: `k3infra render --stack host` lists its containers and writes them to "
+        "compose.yaml")

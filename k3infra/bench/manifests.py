@@ -56,7 +56,9 @@ def sweep(receipt: Receipt, cfg: StackConfig) -> tuple[list[int], int]:
     return concurrencies, output_tokens
 
 
-def _sweep(receipt: Receipt, cfg: StackConfig) -> tuple[tuple[list[int], Origin], tuple[int, Origin]]:
+def _sweep(receipt: Receipt,
+           cfg: StackConfig) -> tuple[tuple[list[int], Origin], tuple[int, Origin]]:
+    """`sweep`, each figure with its origin."""
     w = receipt.workload_a
     if cfg.benchmark.sweep == "wide":
         if w.wide_sweep is None:

@@ -13,7 +13,9 @@ ConfigMap: it is the program that runs the bootstrap (in its gate step) and then
 vLLM, so from the ConfigMap it would have to run through the bootstrap, whose private
 copy, PYTHONPATH and held lock would then reach the engine's process. In the pod spec it
 is recorded in Pulumi state with the rest of the container, and the policy pack holds the
-rendered command to `engine_command()` byte for byte (k3-engine-command).
+rendered command to `engine_command()` byte for byte (k3-engine-command). Every byte of
+it, a comment's too, is in the pod template: an edit rolls the serving pods, as any change
+of their command does.
 """
 from __future__ import annotations
 
