@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from k3infra import origin
 from k3infra.podsecurity import pod_security_context
 
 RESULTS_DIR = "/results"
@@ -56,13 +57,23 @@ def results_pvc(names: JobNames, namespace: str, labels: dict, *, size_gi: int,
 def client_env(api_key_secret: str, api_key_secret_key: str, extra: Sequence[dict]) -> list[dict]:
     """The key as OPENAI_API_KEY (both clients send it as a Bearer token), then the
     caller's variables, then what every client pod sets."""
-    return [{"name": "OPENAI_API_KEY",
-             "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": api_key_secret_key}}},
+    return origin.entries(client_env_parts(
+        api_key_secret, api_key_secret_key,
+        [origin.Tagged(e, origin.k3infra("the client's own")) for e in extra]))
+
+
+def client_env_parts(api_key_secret: str, api_key_secret_key: str,
+                     extra: Sequence[origin.Tagged]) -> list[origin.Tagged]:
+    """`client_env`, each entry tagged with its origin (k3infra.origin)."""
+    return [origin.secret_env("OPENAI_API_KEY", api_key_secret, api_key_secret_key,
+                              origin.stack("apiKey", "[secret]", f"the serving API key, read "
+                                           f"from the Secret {api_key_secret}")),
             *extra,
-            {"name": "HF_HUB_OFFLINE", "value": "1"},
-            {"name": "HOME", "value": "/tmp"},
-            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-            {"name": "PYTHONUNBUFFERED", "value": "1"}]
+            origin.env("HF_HUB_OFFLINE", "1", origin.k3infra("a client never reaches the Hub")),
+            origin.env("HOME", "/tmp", origin.k3infra("a writable home on the pod's /tmp")),
+            origin.env("PYTHONDONTWRITEBYTECODE", "1", origin.k3infra(
+                "no bytecode written beside the mounted code")),
+            origin.env("PYTHONUNBUFFERED", "1", origin.k3infra("log lines as they happen"))]
 
 
 def client_job(names: JobNames, namespace: str, pod_labels: dict, *, annotations: dict,

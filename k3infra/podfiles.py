@@ -6,7 +6,9 @@ the engine build's scripts. The images those pods run are not the project's own 
 receipt's vLLM image or the user's, an lm-eval image, BuildKit's), so the code travels
 with the manifests, and any image with python3 (or sh) runs it. What may import what
 inside such a package is policed by tests/test_packaging.py. The weights runtime adds a
-digest check of its own files before it runs (weights/pod/bootstrap.py).
+digest check of its own files before it runs (weights/pod/bootstrap.py). The serving
+container's start script is read here too but carried in the pod spec itself, not in a
+ConfigMap (k3infra/serving/start.py says why).
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from k3infra import origin
 from k3infra.config import (CONFIG_NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
                             read_stack_file, stack_file, stack_names, to_pulumi_config)
 
@@ -35,6 +36,9 @@ class Render:
     resources: list[dict] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # The containers as their builders tagged them (k3infra.origin), for `render --show`;
+    # never written to plan.json.
+    sources: list = field(default_factory=list)
 
     def manifests(self) -> list[dict]:
         """Kubernetes objects, in registration order (CRDs included, Helm charts not)."""
@@ -203,7 +207,9 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
             return pulumi.Output.from_input(asyncio.ensure_future(outputs()))
 
         try:
-            program()
+            with origin.recording() as sources:
+                program()
+            result.sources = sources
         except pulumi.RunError as exc:
             # The program wraps k3infra's refusals for the CLI; a render raises the refusal.
             raise (exc.__cause__ or exc) from None

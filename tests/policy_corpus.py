@@ -483,15 +483,17 @@ def gate_failure_ignored(plan):
 @variant("k3-engine-command")
 def gate_removed_phase_echoes_kept(plan):
     command = _script(plan)
-    parts = command[2].split("; ")
-    command[2] = "; ".join(p for p in parts if "K3_RUNTIME_BOOTSTRAP" not in p)
+    lines = command[2].split("\n")
+    command[2] = "\n".join(line for line in lines if "K3_RUNTIME_BOOTSTRAP\" gate" not in line)
+    assert len(command[2].split("\n")) == len(lines) - 1
 
 
 @variant("k3-engine-command")
 def gate_moved_to_an_init_container(plan):
     command = _script(plan)
-    gate_line = next(p for p in command[2].split("; ") if "K3_RUNTIME_BOOTSTRAP" in p)
-    command[2] = command[2].replace(gate_line + "; ", "")
+    gate_line = next(line for line in command[2].split("\n")
+                     if "K3_RUNTIME_BOOTSTRAP\" gate" in line)
+    command[2] = command[2].replace(gate_line + "\n", "")
     init = copy.deepcopy(vllm(plan))
     init.update(name="weights-gate", command=["sh", "-c", gate_line.split(" || ")[0]], args=[])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe", "lifecycle"):

@@ -15,9 +15,10 @@ from k3infra import pod_env
 from k3infra.serving import start, startup
 from k3infra.serving.timeline import timeline
 from k3infra.summary import summary_rows
+from k3infra.serving.manifests import engine_command
 from k3infra.weights.manifests import GATE_CHECK
 
-from conftest import GOOD_REVISION, PREBUILT, container, manifest, render
+from conftest import GOOD_REVISION, PREBUILT, ROOT, container, manifest, render
 
 PIN = f"weightsRevision={GOOD_REVISION}"
 
@@ -118,7 +119,9 @@ def test_render_prints_each_phase_with_its_formula_and_the_total(receipt):
 def test_the_serving_container_starts_through_the_start_script(receipt):
     c = container(render("existing", PIN, *PREBUILT))
     assert c["command"][:2] == ["sh", "-c"] and c["command"][3:] == ["k3-start", "vllm", "serve"]
-    assert GATE_CHECK in c["command"][2]
+    # The file of the package, whole: what a reader opens is what the pod runs.
+    assert c["command"][2] == (ROOT / "k3infra/serving/pod/start.sh").read_text()
+    assert f"{GATE_CHECK} || {{ k3_phase gate fail; exit 1; }}\n" in c["command"][2]
     env = env_of(c)
     assert env["VLLM_CACHE_ROOT"] == "/cache/current/vllm"
     assert env["TRITON_CACHE_DIR"] == "/cache/current/triton"
@@ -129,10 +132,26 @@ def test_the_serving_container_starts_through_the_start_script(receipt):
     assert mounts["/cache"] == "cache"
 
 
+def test_the_start_script_names_what_the_pod_spec_and_the_timeline_read():
+    """start.sh is shell, the pod spec and `k3infra startup` are Python: the names they
+    share, once each side, held together here."""
+    script = start.script()
+    assert f'echo "{start.PHASE_PREFIX} name=$1 event=$2 ts=' in script
+    assert f'echo "{start.CACHE_PREFIX} key=$k3_key dir=$k3_dir ' in script
+    assert f'k3_image="${{{pod_env.IMAGE_ENV}##*@}}"' in script
+    assert f'k3_dir="{start.CACHE_ROOT}/k3-$k3_key"' in script
+    assert f"mv -Tf {start.CACHE_ROOT}/.current.new {start.CURRENT} || exit 1" in script
+    subdirs = " ".join(f'"$k3_dir/{p.rsplit("/", 1)[1]}"' for p in start.CACHE_ENV.values())
+    assert f"mkdir -p {subdirs} || exit 1" in script
+    assert all(p.startswith(start.CURRENT + "/") for p in start.CACHE_ENV.values())
+    assert script.rstrip().endswith('k3_phase engine start\nexec "$@"')
+
+
 def _run_start(tmp_path: Path, gate: str, driver: str | None, image: str) -> subprocess.CompletedProcess:
-    """The rendered script under `sh`, with /cache moved into tmp_path, a stand-in
-    nvidia-smi (none for driver None, "" for one that prints nothing), `gate` as the
-    weights gate and an engine that prints its cache env."""
+    """The rendered container command under `sh`, /cache moved into tmp_path: a stand-in
+    nvidia-smi (none for driver None, "" for one that prints nothing), a stand-in
+    bootstrap whose gate exits with `gate`'s status, and a stub `vllm` on PATH that prints
+    its argv and cache."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if driver is not None:
@@ -140,14 +159,17 @@ def _run_start(tmp_path: Path, gate: str, driver: str | None, image: str) -> sub
         smi.write_text(f"#!/bin/sh\necho '{driver}, NVIDIA B300 SXM6 AC'\n" if driver
                        else "#!/bin/sh\nexit 9\n")
         smi.chmod(0o755)
+    vllm = bin_dir / "vllm"
+    vllm.write_text('#!/bin/sh\necho "engine argv=$* cache=$(readlink -f $VLLM_CACHE_ROOT)"\n')
+    vllm.chmod(0o755)
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
-    script = start.script(gate).replace(start.CACHE_ROOT, str(cache))
+    command = [w.replace(start.CACHE_ROOT, str(cache)) for w in engine_command()]
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", pod_env.IMAGE_ENV: image,
-           "VLLM_CACHE_ROOT": f"{cache}/current/vllm"}
-    engine = ["sh", "-c", 'echo "engine argv=$* cache=$(readlink -f $VLLM_CACHE_ROOT)"', "vllm"]
-    return subprocess.run(["sh", "-c", script, start.ARGV0, *engine, "serve", "/weights"],
-                          env=env, capture_output=True, text=True, timeout=30)
+           "VLLM_CACHE_ROOT": f"{cache}/current/vllm",
+           "K3_RUNTIME_BOOTSTRAP": f"import sys; sys.exit({0 if gate == 'true' else 1})"}
+    return subprocess.run([*command, "/weights"], env=env, capture_output=True, text=True,
+                          timeout=30)
 
 
 def test_start_script_keys_the_cache_by_image_driver_and_gpu(tmp_path):

@@ -98,15 +98,17 @@ def test_host_stack_registers_image_prefetch_proxy_server_in_order():
 def test_server_runs_the_gate_then_the_receipts_exact_serve_command():
     c = containers(host_render())["kimi-k3-vllm"]["inputs"]
     tokens = [*c["entrypoints"], *c["command"]]
-    # The pods' entrypoint (k3infra/serving/start.py): phase markers and the keyed
+    # The pods' entrypoint (k3infra/serving/pod/start.sh): phase markers and the keyed
     # compile cache, the bootstrap-checked gate, then `exec vllm serve ...`.
     assert tokens[:2] == ["sh", "-c"]
     gate = ('python3 -c "$K3_RUNTIME_BOOTSTRAP" gate "$K3_TREE" --lock "$K3_GATE_LOCK" '
             '--expect-digest "$K3_EXPECT_TREE_DIGEST" --repo "$K3_REPO" '
             '--revision "$K3_REVISION" --mode "$K3_GATE_MODE" --state-dir "$K3_GATE_STATE" '
             '--workers "$K3_HASH_WORKERS"')
-    assert (f"k3_phase gate start; {gate} || {{ k3_phase gate fail; exit 1; }}; "
-            'k3_phase gate end; k3_phase engine start; exec "$@"') in tokens[2]
+    assert tokens[2] == (ROOT / "k3infra/serving/pod/start.sh").read_text()
+    assert (f"k3_phase gate start\n{gate} || {{ k3_phase gate fail; exit 1; }}\n"
+            'k3_phase gate end\n') in tokens[2]
+    assert tokens[2].endswith('k3_phase engine start\nexec "$@"\n')
     assert tokens[3:] == ["k3-start", *SERVE]
     assert c["image"] == PREBUILT_IMAGE and c["gpus"] == "all"
     assert c["shmSize"] == 64 * 1024 and c["privileged"] is False

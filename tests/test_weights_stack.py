@@ -57,7 +57,7 @@ def test_each_mode_has_the_job_the_gate_and_the_dependency(mode, job):
     # The gate is the serving container's own entrypoint: it runs on every start of the
     # container, liveness and OOM restarts included, then execs vLLM.
     assert vllm["command"][:2] == ["sh", "-c"] and vllm["command"][-2:] == ["vllm", "serve"]
-    assert "gate" in vllm["command"][2] and vllm["command"][2].endswith('exec "$@"')
+    assert "gate" in vllm["command"][2] and vllm["command"][2].endswith('exec "$@"\n')
     env = env_of(vllm)
     assert env["K3_GATE_MODE"] == "warm" and env["K3_TREE"] == vllm["args"][0]
     weights = next(m for m in vllm["volumeMounts"] if m["name"] == "weights")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3infra import checkov_skips, clientjob, ephemeral, naming, placement, podfiles
+from k3infra import checkov_skips, clientjob, ephemeral, naming, origin, placement, podfiles
+from k3infra.origin import Origin, Tagged, argv, k3infra, receipt as from_receipt, stack, words
 from k3infra.clientjob import RESULTS_DIR
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
@@ -53,21 +54,44 @@ WIDE_SWEEP_WAVES = 2
 def sweep(receipt: Receipt, cfg: StackConfig) -> tuple[list[int], int]:
     """Concurrencies and the output cap the Job runs: the configured grid, or the
     receipt's wider sweep (k3:benchmark.sweep: wide)."""
+    (concurrencies, _), (output_tokens, _) = _sweep(receipt, cfg)
+    return concurrencies, output_tokens
+
+
+def _sweep(receipt: Receipt,
+           cfg: StackConfig) -> tuple[tuple[list[int], Origin], tuple[int, Origin]]:
+    """`sweep`, each figure with its origin."""
     w = receipt.workload_a
     if cfg.benchmark.sweep == "wide":
         if w.wide_sweep is None:
             raise ValueError(f"receipt {receipt.id} records no wide sweep")
-        return list(w.wide_sweep.concurrencies), w.wide_sweep.output_tokens_max
-    return list(cfg.benchmark.concurrencies), w.output_tokens_max
+        wide = "k3:benchmark.sweep = wide"
+        return ((list(w.wide_sweep.concurrencies),
+                 from_receipt("workload_a.wide_sweep.concurrencies", wide)),
+                (w.wide_sweep.output_tokens_max,
+                 from_receipt("workload_a.wide_sweep.output_tokens_max", wide)))
+    grid_text = ",".join(str(c) for c in cfg.benchmark.concurrencies)
+    return ((list(cfg.benchmark.concurrencies),
+             stack("benchmark.concurrencies", grid_text, "unset: the receipt's grid")),
+            (w.output_tokens_max, from_receipt("workload_a.output_tokens_max")))
 
 
 def grid(receipt: Receipt, cfg: StackConfig) -> dict[str, int]:
+    return {k: v for k, (v, _) in _grid(receipt, cfg).items()}
+
+
+def _grid(receipt: Receipt, cfg: StackConfig) -> dict[str, tuple[int, Origin]]:
     w = receipt.workload_a
-    default = w.measured_requests
+    measured = (w.measured_requests, from_receipt("workload_a.measured_requests"))
     if cfg.benchmark.sweep == "wide":
-        default = WIDE_SWEEP_WAVES * max(sweep(receipt, cfg)[0])
-    return {"warmups": w.warmup_requests,
-            "measured": cfg.benchmark.measured_requests or default}
+        measured = (WIDE_SWEEP_WAVES * max(sweep(receipt, cfg)[0]),
+                    k3infra(f"{WIDE_SWEEP_WAVES} full waves at the wide sweep's largest "
+                            "concurrency"))
+    if cfg.benchmark.measured_requests:
+        measured = (cfg.benchmark.measured_requests,
+                    stack("benchmark.measuredRequests", cfg.benchmark.measured_requests))
+    return {"warmups": (w.warmup_requests, from_receipt("workload_a.warmup_requests")),
+            "measured": measured}
 
 
 def block_size(receipt: Receipt) -> int:
@@ -92,23 +116,44 @@ def results_pvc(names: clientjob.JobNames, namespace: str, labels: dict, cfg: St
 
 
 def runner_args(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: str) -> list[str]:
+    return argv(runner_arg_parts(receipt, cfg, base_url, model_dir,
+                                 k3infra("the model directory")))
+
+
+def runner_arg_parts(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: str,
+                     model_dir_origin: Origin) -> list[Tagged]:
     w = receipt.workload_a
-    g = grid(receipt, cfg)
-    concurrencies, output_tokens = sweep(receipt, cfg)
-    args = ["--base-url", base_url, "--served-model-name", cfg.served_model_name,
-            "--model-dir", model_dir, "--results", RESULTS_DIR, "--receipt", receipt.id,
-            "--concurrencies", ",".join(str(c) for c in concurrencies),
-            "--runs", str(cfg.benchmark.runs), "--warmups", str(g["warmups"]),
-            "--measured", str(g["measured"]),
-            "--min-tokens", str(w.prompt_tokens_min), "--max-tokens", str(w.prompt_tokens_max),
-            "--output-tokens", str(output_tokens), "--block-size", str(block_size(receipt)),
-            "--seed", str(cfg.benchmark.seed), "--health-timeout", str(HEALTH_WAIT_SECONDS)]
-    if cfg.benchmark.ignore_eos:
-        args.append("--ignore-eos")
+    g = _grid(receipt, cfg)
+    (concurrencies, concurrencies_origin), (output_tokens, output_origin) = _sweep(receipt, cfg)
+    b = cfg.benchmark
+    parts = [
+        words(k3infra("the serving Service, through the proxy and its key check"),
+              "--base-url", base_url),
+        words(stack("servedModelName", cfg.served_model_name), "--served-model-name",
+              cfg.served_model_name),
+        words(model_dir_origin, "--model-dir", model_dir),
+        words(k3infra("the results volume"), "--results", RESULTS_DIR),
+        words(from_receipt("id"), "--receipt", receipt.id),
+        words(concurrencies_origin, "--concurrencies", ",".join(str(c) for c in concurrencies)),
+        words(stack("benchmark.runs", b.runs), "--runs", str(b.runs)),
+        words(g["warmups"][1], "--warmups", str(g["warmups"][0])),
+        words(g["measured"][1], "--measured", str(g["measured"][0])),
+        words(from_receipt("workload_a.prompt_tokens_min"), "--min-tokens",
+              str(w.prompt_tokens_min)),
+        words(from_receipt("workload_a.prompt_tokens_max"), "--max-tokens",
+              str(w.prompt_tokens_max)),
+        words(output_origin, "--output-tokens", str(output_tokens)),
+        words(from_receipt("serve.engine_args --block-size", "the KV block size the prefix "
+                           "cache hashes"), "--block-size", str(block_size(receipt))),
+        words(stack("benchmark.seed", b.seed), "--seed", str(b.seed)),
+        words(k3infra("how long the runner waits for /health"), "--health-timeout",
+              str(HEALTH_WAIT_SECONDS))]
+    if b.ignore_eos:
+        parts.append(words(stack("benchmark.ignoreEos", True), "--ignore-eos"))
     if cfg.topology != "single-node":
         # Results of a multi-node replica say so: `bench compare` marks them cross-topology.
-        args += ["--topology", cfg.topology]
-    return args
+        parts.append(words(stack("topology", cfg.topology), "--topology", cfg.topology))
+    return parts
 
 
 def job_timeout_seconds(cfg: StackConfig) -> int:
@@ -134,12 +179,17 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
     weight_mounts = [dict(m, readOnly=True) for m in weights.main_mounts]
     weight_volumes = list(weights.reader_volumes)      # the weights, and the gate's runtime
     # vllm bench serve sends the key as Bearer; the tokenizer is read from the weights dir.
-    env = clientjob.client_env(api_key_secret, api_key_secret_key,
-                               [{"name": "K3_ENGINE_IMAGE", "value": image}])
-    container = {
-        "name": "bench", "image": image, "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", f"{RUNTIME_DIR}/pod_runner.py",
-                    *runner_args(receipt, cfg, base_url, weights.model_dir)],
+    image_origin = origin.engine_image(cfg)
+    env = clientjob.client_env_parts(api_key_secret, api_key_secret_key, [origin.env(
+        "K3_ENGINE_IMAGE", image, Origin(image_origin.kind, f"{image_origin.detail}; the "
+                                         "runner records the engine it measured"))])
+    container = origin.container({
+        "name": "bench", "image": Tagged(image, image_origin), "imagePullPolicy": "IfNotPresent",
+        "command": [words(k3infra(f"the runner k3infra/bench/pod_runner.py, from the "
+                                  f"{names.configmap} ConfigMap (vllm bench serve per point)"),
+                          "python3", f"{RUNTIME_DIR}/pod_runner.py"),
+                    *runner_arg_parts(receipt, cfg, base_url, weights.model_dir,
+                                      weights.model_dir_origin)],
         "env": env, "securityContext": container_security_context(),
         # Disk: the /tmp emptyDir (HOME) and the logs; the results go to their claim.
         "resources": ephemeral.with_storage(cfg.benchmark.resources.manifest(), 1,
@@ -147,7 +197,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
         "volumeMounts": [*weight_mounts,
                          {"name": "bench-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},
-                         {"name": "tmp", "mountPath": "/tmp"}]}
+                         {"name": "tmp", "mountPath": "/tmp"}]})
     pod_labels = {**labels, "app.kubernetes.io/component": COMPONENT}
     return clientjob.client_job(
         names, namespace, pod_labels,

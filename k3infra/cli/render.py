@@ -1,10 +1,15 @@
-"""`k3infra render [--stack NAME] [--config KEY=VALUE ...] [--out DIR]`: by default the
-`existing` stack (bring-your-own cluster) into build/render/<stack>/, as `make render`."""
+"""`k3infra render [--stack NAME] [--config KEY=VALUE ...] [--out DIR] [--show [CONTAINER]]`:
+by default the `existing` stack (bring-your-own cluster) into build/render/<stack>/, as
+`make render`. `--show` prints, instead of the summary, every container of the serving
+pod, the prefetch Job and the benchmark Job as it will run, each line with its origin
+(k3infra/containerview.py): a flag of render, not a command of its own, because the view
+is of the same render that writes plan.json."""
 from __future__ import annotations
 
 import argparse
 
-from k3infra.cli import flags
+from k3infra.cli import UsageError, flags
+from k3infra.containerview import ViewError, show
 
 
 DEFAULT_STACK = "existing"
@@ -18,6 +23,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=flags.output_dir,
                         help="output directory (default: build/render/<stack>); a directory "
                         "or a new one, never a file or a link")
+    parser.add_argument("--show", nargs="?", const="", metavar="CONTAINER",
+                        help="print every container of the serving pod, the prefetch Job "
+                        "and the benchmark Job as it will run (image, command, args, env), "
+                        "each line with its origin; CONTAINER: only the containers of that "
+                        "name (vllm, proxy, prefetch, bench, weights-gate)")
     parser.set_defaults(func=_render)
 
 
@@ -26,7 +36,6 @@ def _render(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from k3infra.cli import UsageError
     from k3infra.config import ConfigError, parse_stack_config
     from k3infra.display import console as literal_console, styled
     from k3infra.hbm import HbmError
@@ -50,6 +59,8 @@ def _render(args: argparse.Namespace) -> int:
     receipt = load_receipt()
     cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys), receipt=receipt)
 
+    if args.show is not None:
+        return _show(console, args, render, cfg, receipt)
     if cfg.host is not None:          # one Docker host (k3infra/host)
         return _render_host(console, args, render, cfg, receipt, root)
 
@@ -76,8 +87,24 @@ def _render(args: argparse.Namespace) -> int:
             console.print(f"node pool: {res['type']} {what}")
     for warning in render.warnings:
         console.print(styled(("warning:", "yellow"), f" {warning}"))
+    console.print("every container of the serving pod, the prefetch and benchmark Jobs as it "
+                  "will run, each value with its origin: k3infra render --show")
     console.print(f"wrote {args.out / 'plan.json'} and {len(written)} manifests in "
                   f"{args.out / 'manifests'}")
+    return 0
+
+
+def _show(console, args, render, cfg, receipt) -> int:
+    if cfg.host is not None:
+        raise UsageError(f"--show prints the pods of a cluster stack; stack {args.stack} is "
+                         f"one Docker host: `k3infra render --stack {args.stack}` lists its "
+                         "containers and writes them to compose.yaml")
+    try:
+        lines = show(render, receipt.id, cfg.profile, args.show)
+    except ViewError as exc:
+        raise UsageError(str(exc)) from None
+    for line in lines:
+        console.print(line, soft_wrap=True)
     return 0
 
 

@@ -55,10 +55,10 @@ PROXY_START = (
     'umask 077; printf \'"~^Bearer %s$" 1;\\n\' '
     '"$(printf %s "$VLLM_API_KEY" | sed \'s/[.+]/\\\\&/g\')" > ' + PROXY_KEYS_FILE + '; '
     'exec nginx -e stderr -c "$0" -g "daemon off;"')
-# The server's entrypoint is the pods' (k3infra/serving/start.py): phase markers and the
-# keyed compile cache, the bootstrap checks the runtime files, the gate checks the tree
-# (k3:weights.gateMode), then `exec vllm serve`. Every start of the container, restarts
-# included, goes through the gate.
+# The server's entrypoint is the pods' (k3infra/serving/pod/start.sh): phase markers and
+# the keyed compile cache, the bootstrap checks the runtime files, the gate checks the
+# tree (k3:weights.gateMode), then `exec vllm serve`. Every start of the container,
+# restarts included, goes through the gate.
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
         Port("127.0.0.1", s.metrics_port, s.metrics_port)]
     vllm = HostContainer(
         name=SERVER, image=image,
-        command=[*start.command(weights.GATE_CHECK), "vllm", "serve", *args],
+        command=[*serving.engine_command(), *args],
         env=env, secret_env=[API_KEY_ENV], files=files,
         mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT, read_only=True),
                 Mount(cache_volume(instance), serving.CACHE_ROOT, kind="volume"), tmp,

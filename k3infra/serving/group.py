@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3infra import placement, topology
+from k3infra import origin, placement, topology
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
@@ -66,8 +66,12 @@ def _pod_template(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weigh
     budget = startup_budget_seconds(receipt, cfg)   # the group's (both pods' gates)
     leader = rank == LEADER_RANK
     domain = cfg.multi_node.domain_label
-    vllm = m.vllm_container(receipt, cfg, image, weights, names, budget,
-                            extra_args=tuple(multi_node_args(cfg.multi_node.nodes_per_replica, rank)),
+    group_args = origin.words(
+        origin.k3infra(f"the multi-node group, rank {rank} of k3:multiNode.nodesPerReplica = "
+                       f"{cfg.multi_node.nodes_per_replica} (k3:topology = {cfg.topology}: not "
+                       "measured)"),
+        *multi_node_args(cfg.multi_node.nodes_per_replica, rank))
+    vllm = m.vllm_container(receipt, cfg, image, weights, names, budget, extra_args=(group_args,),
                             gpus=cfg.multi_node.gpus_per_node, probes=leader,
                             claims=(IMEX_CLAIM,))
     affinity: dict[str, Any] = {

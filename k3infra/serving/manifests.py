@@ -11,7 +11,9 @@ import json
 import math
 from typing import Any
 
-from k3infra import checkov_skips, ephemeral, naming, placement, topology
+from k3infra import checkov_skips, ephemeral, naming, origin, placement, topology
+from k3infra.origin import (Origin, Tagged, argv, engine_path, entries, k3infra, secret_env,
+                            stack, surface, words)
 from k3infra.serving import proxy, start
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
@@ -19,7 +21,7 @@ from k3infra.receipt import Receipt
 from k3infra.serving.startup import (BUDGET_ANNOTATION, PROBE_PERIOD_SECONDS, StartupBudget,
                                      startup_budget_seconds)
 from k3infra.naming import ServingNames, labels, selector_labels
-from k3infra.weights.manifests import GATE_CHECK, WeightsParts
+from k3infra.weights.manifests import WeightsParts
 
 APP = naming.APP
 CACHE_ROOT = start.CACHE_ROOT         # the compile-cache volume (survives pod restarts)
@@ -67,47 +69,78 @@ def pin_annotations(receipt: Receipt, cfg: StackConfig,
             **({} if measured else {"k3infra.dev/warning": not_measured_warning(receipt, cfg)})}
 
 
-def surface_arg_tokens(cfg: StackConfig) -> list[str]:
-    """Allow-listed serving-surface flags: k3infra's defaults, then the stack's."""
-    values: dict[str, Any] = {"--served-model-name": cfg.served_model_name,
-                              "--host": ENGINE_HOST, "--port": str(cfg.serving.engine_port)}
-    values.update(cfg.surface.args)
-    tokens: list[str] = []
-    for flag, value in values.items():
+# Why the profile custom's engine-path values are marked so wherever they show.
+CUSTOM_WHY = "profile custom: NOT the measured configuration"
+
+
+def surface_arg_parts(cfg: StackConfig) -> list[Tagged]:
+    """Allow-listed serving-surface flags: k3infra's defaults, then the stack's (a stack
+    value replaces a default in place; `false` drops the flag)."""
+    values: dict[str, tuple[Any, Origin]] = {
+        "--served-model-name": (cfg.served_model_name,
+                                stack("servedModelName", cfg.served_model_name)),
+        "--host": (ENGINE_HOST, k3infra("vLLM answers only inside the pod; the proxy is its "
+                                        "one client")),
+        "--port": (str(cfg.serving.engine_port),
+                   stack("serving.enginePort", cfg.serving.engine_port))}
+    values.update({flag: (value, stack(f"surface.args.{flag}", value))
+                   for flag, value in cfg.surface.args.items()})
+    parts: list[Tagged] = []
+    for flag, (value, source) in values.items():
         if value is True:
-            tokens.append(flag)
+            parts.append(words(surface(source), flag))
         elif value is not False:
-            tokens += [flag, str(value)]
-    return tokens
+            parts.append(words(surface(source), flag, str(value)))
+    return parts
+
+
+def serve_arg_parts(receipt: Receipt, cfg: StackConfig, model_dir: str,
+                    model_dir_origin: Origin) -> list[Tagged]:
+    """`vllm serve` arguments: the model dir, the receipt's engine args in receipt order,
+    custom engine args (profile custom only), then the surface args."""
+    custom = ([words(stack("custom.args", " ".join(cfg.custom.args), CUSTOM_WHY),
+                     *cfg.custom.args)]
+              if cfg.profile == "custom" and cfg.custom.args else [])
+    return [words(model_dir_origin, model_dir),
+            *(words(engine_path(a.why), *a.tokens()) for a in receipt.serve.engine_args),
+            *custom, *surface_arg_parts(cfg)]
 
 
 def serve_args(receipt: Receipt, cfg: StackConfig, model_dir: str) -> list[str]:
-    """`vllm serve` arguments: the model dir, the receipt's engine args in receipt order,
-    custom engine args (profile custom only), then the surface args."""
-    custom = list(cfg.custom.args) if cfg.profile == "custom" else []
-    return [model_dir, *receipt.serve.engine_arg_tokens(), *custom, *surface_arg_tokens(cfg)]
+    """The words alone (the tags dropped: a Docker host's server, the summary line)."""
+    return argv(serve_arg_parts(receipt, cfg, model_dir, k3infra("the model directory")))
+
+
+def serve_env_parts(receipt: Receipt, cfg: StackConfig, budget: StartupBudget,
+                    api_key_secret: str) -> list[Tagged]:
+    """Engine-path env from the receipt, then surface env. The receipt records no NCCL
+    tuning: all-reduce runs on NCCL defaults (custom all-reduce is off), so NCCL_* tuning
+    is engine path (profile custom) and only NCCL_DEBUG / interface selection are surface."""
+    env: dict[str, tuple[Any, Origin]] = {e.name: (e.value, engine_path(e.why))
+                                          for e in receipt.serve.engine_env}
+    if cfg.profile == "custom":
+        env.update({k: (v, stack(f"custom.env.{k}", v, CUSTOM_WHY))
+                    for k, v in cfg.custom.env.items()})
+    env.update({
+        "HF_HUB_OFFLINE": ("1", surface(k3infra("a serving pod never reaches the Hub"))),
+        # The engine's own deadline: load + compile + profiling (serving/startup.py).
+        "VLLM_ENGINE_READY_TIMEOUT_S": (str(budget.engine_seconds), surface(k3infra(
+            "the engine deadline, startup + load + compile + profiling from the receipt "
+            "and k3:coldStart (k3infra/serving/startup.py)"))),
+        # Compile caches under /cache/current, the start script's keyed directory.
+        **{k: (v, surface(start.CACHE_ORIGIN)) for k, v in start.CACHE_ENV.items()},
+    })
+    env.update({k: (v, surface(stack(f"surface.env.{k}", v)))
+                for k, v in cfg.surface.env.items()})
+    out = [Tagged({"name": k, "value": str(v)}, o) for k, (v, o) in env.items()]
+    out.append(secret_env("VLLM_API_KEY", api_key_secret, API_KEY_SECRET_KEY, surface(stack(
+        "apiKey", "[secret]", f"read from the Secret {api_key_secret}"))))
+    return out
 
 
 def serve_env(receipt: Receipt, cfg: StackConfig, budget: StartupBudget,
               api_key_secret: str) -> list[dict]:
-    """Engine-path env from the receipt, then surface env. The receipt records no NCCL
-    tuning: all-reduce runs on NCCL defaults (custom all-reduce is off), so NCCL_* tuning
-    is engine path (profile custom) and only NCCL_DEBUG / interface selection are surface."""
-    env: dict[str, Any] = dict(receipt.serve.engine_env_map())
-    if cfg.profile == "custom":
-        env.update(cfg.custom.env)
-    env.update({
-        "HF_HUB_OFFLINE": "1",                       # a serving pod never reaches the Hub
-        # The engine's own deadline: load + compile + profiling (serving/startup.py).
-        "VLLM_ENGINE_READY_TIMEOUT_S": str(budget.engine_seconds),
-        # Compile caches under /cache/current, the start script's keyed directory.
-        **start.CACHE_ENV,
-    })
-    env.update(cfg.surface.env)
-    out = [{"name": k, "value": str(v)} for k, v in env.items()]
-    out.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
-        "name": api_key_secret, "key": API_KEY_SECRET_KEY}}})
-    return out
+    return entries(serve_env_parts(receipt, cfg, budget, api_key_secret))
 
 
 def drain_seconds(receipt: Receipt, cfg: StackConfig) -> int:
@@ -168,11 +201,17 @@ def await_annotations(cfg: StackConfig) -> dict[str, str]:
     return {WAIT_FOR_ANNOTATION: json.dumps([f"jsonpath={{$[?{test}]}}"])}
 
 
+def engine_command_parts() -> list[Tagged]:
+    return [*start.command_parts(),
+            words(k3infra("the engine, vLLM's own command line, which the start script "
+                          "execs"), "vllm", "serve")]
+
+
 def engine_command() -> list[str]:
     """The vLLM container's command, for every config: the start script (phase markers,
-    keyed compile cache), the weights gate, then `exec vllm serve` with the args. The
+    keyed compile cache, the weights gate), then `exec vllm serve` with the args. The
     policy pack compares the rendered command with this, byte for byte."""
-    return [*start.command(GATE_CHECK), "vllm", "serve"]
+    return argv(engine_command_parts())
 
 
 def engine_probe_exec(port: int, timeout: int = 5) -> dict:
@@ -190,24 +229,26 @@ def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
 
 def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
                    names: ServingNames, budget: StartupBudget, *,
-                   extra_args: tuple[str, ...] = (), gpus: int | None = None,
+                   extra_args: tuple[Tagged, ...] = (), gpus: int | None = None,
                    probes: bool = True, claims: tuple[str, ...] = ()) -> dict:
     """The vLLM container. A multi-node group (k3infra/serving/group.py) adds its
-    `extra_args` after the receipt's and the surface's, its GPUs per pod, its DRA
-    `claims`, and a headless worker has no HTTP server to probe."""
+    `extra_args` (tagged words) after the receipt's and the surface's, its GPUs per pod,
+    its DRA `claims`, and a headless worker has no HTTP server to probe."""
     port = cfg.serving.engine_port
     s = cfg.serving
     gpus_text = str(gpus if gpus is not None else receipt.measured_gpu.gpus_per_node)
-    container: dict[str, Any] = {
+    image_origin = origin.engine_image(cfg)
+    container: dict[str, Any] = origin.container({
         "name": "vllm",
-        "image": image,
+        "image": Tagged(image, image_origin),
         "imagePullPolicy": "IfNotPresent",
-        # The start script (phase markers, keyed compile cache), then the weights gate,
-        # on every start of this container (restarts too), then `exec vllm serve`.
-        "command": engine_command(),
-        "args": [*serve_args(receipt, cfg, weights.model_dir), *extra_args],
-        "env": [*serve_env(receipt, cfg, budget, names.api_key_secret), *weights.gate_env,
-                *start.env(image)],
+        # The start script (phase markers, keyed compile cache, then the weights gate on
+        # every start of this container, restarts too), then `exec vllm serve`.
+        "command": engine_command_parts(),
+        "args": [*serve_arg_parts(receipt, cfg, weights.model_dir, weights.model_dir_origin),
+                 *extra_args],
+        "env": [*serve_env_parts(receipt, cfg, budget, names.api_key_secret),
+                *weights.gate_env, *start.env_parts(image, image_origin)],
         # Disk: the /tmp emptyDir (k3:serving.tmpSizeGi), the gate's state (64 Mi) and
         # the logs; the weights and the compile cache are claims.
         "resources": ephemeral.with_storage({
@@ -224,7 +265,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
                          {"name": "cache", "mountPath": CACHE_ROOT},
                          {"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "tmp", "mountPath": "/tmp"}],
-    }
+    })
     if not probes:
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             del container[probe]

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3infra import ephemeral, nginx
+from k3infra import ephemeral, nginx, origin
 from k3infra.config import API_KEY_RE, SECRET_PLACEHOLDER, StackConfig
 
 CONTAINER = "proxy"
@@ -156,12 +156,15 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict:
 
 def container(cfg: StackConfig, conf_volume: str) -> dict:
     s = cfg.serving
-    return {
+    return origin.container({
         "name": CONTAINER,
-        "image": s.proxy_image,
+        "image": origin.Tagged(s.proxy_image, origin.stack("serving.proxyImage", s.proxy_image)),
         "imagePullPolicy": "IfNotPresent",
-        "command": ["nginx", "-e", "stderr", "-c", f"{CONF_DIR}/{CONF_KEY}",
-                    "-g", "daemon off;"],
+        "command": [origin.words(
+            origin.k3infra(f"nginx with the proxy's config ({CONF_DIR}/{CONF_KEY} from the "
+                           "ConfigMap, k3infra/serving/proxy.py): the API key check in front "
+                           "of vLLM, the pod's one listener"),
+            "nginx", "-e", "stderr", "-c", f"{CONF_DIR}/{CONF_KEY}", "-g", "daemon off;")],
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"},
                   {"name": "health", "containerPort": s.health_port, "protocol": "TCP"}],
@@ -178,7 +181,7 @@ def container(cfg: StackConfig, conf_volume: str) -> dict:
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "volumeMounts": [{"name": conf_volume, "mountPath": CONF_DIR, "readOnly": True},
                          {"name": "proxy-tmp", "mountPath": TMP_DIR}],
-    }
+    })
 
 
 def volumes(configmap_name: str, secret_name: str, conf_volume: str) -> list[dict]:

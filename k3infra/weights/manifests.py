@@ -17,7 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from k3infra import checkov_skips, ephemeral, placement, podfiles
+from k3infra import checkov_skips, ephemeral, origin, placement, podfiles
+from k3infra.origin import Origin, Tagged, entries, k3infra, receipt as from_receipt, stack, words
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
@@ -81,11 +82,13 @@ class WeightsParts:
     """What the weights contribute to the serving pod and to pods that only read them."""
 
     model_dir: str
+    model_dir_origin: Origin = field(default_factory=lambda: k3infra("the model directory"))
     volumes: list[dict] = field(default_factory=list)
     main_mounts: list[dict] = field(default_factory=list)     # the weights, read-only
-    # The gate in the serving container: its entrypoint prefix, env and extra mounts.
+    # The gate in the serving container: its entrypoint prefix, env (tagged with its
+    # origins, k3infra.origin) and extra mounts.
     gate_command: list[str] = field(default_factory=list)
-    gate_env: list[dict] = field(default_factory=list)
+    gate_env: list[Tagged] = field(default_factory=list)
     gate_mounts: list[dict] = field(default_factory=list)
     # node-local: the per-replica claim of a local PersistentVolume.
     claim_templates: list[dict] = field(default_factory=list)
@@ -112,6 +115,11 @@ def node_local_claim(base: str, ordinal: int) -> str:
 
 def layout(receipt: Receipt, cfg: StackConfig) -> WeightsLayout:
     return WeightsLayout(receipt.model.repo, cfg.weights_revision)
+
+
+def tree_origin(receipt: Receipt, cfg: StackConfig) -> Origin:
+    return k3infra(f"the pinned tree on the weights volume: receipt model.repo "
+                   f"{receipt.model.repo} at k3:weightsRevision = {cfg.weights_revision}")
 
 
 def expected_tree_digest(receipt: Receipt, lock_text: Optional[str]) -> str:
@@ -223,47 +231,78 @@ def node_local_pvcs(base: str, namespace: str, labels: dict, cfg: StackConfig) -
              "spec": _claim_spec(cfg)} for i in range(cfg.replicas)]
 
 
+# The runtime's own variables: what the bootstrap and the gate read, set by k3infra.
+RUNTIME_DIR_ORIGIN = k3infra("the mount of the runtime ConfigMap (k3infra/weights/*.py and "
+                             "pod/*.sh as files)")
+PINS_ORIGIN = k3infra("sha256 of each file of the runtime ConfigMap, which the bootstrap "
+                      "checks before any of them runs")
+BOOTSTRAP_ORIGIN = k3infra("k3infra/weights/pod/bootstrap.py, in the pod spec because it "
+                           "checks the ConfigMap (docs/weights.md)")
+
+
 def _base_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
-              lock_text: Optional[str]) -> list[dict]:
-    return [{"name": "K3_REPO", "value": lay.repo},
-            {"name": "K3_REVISION", "value": lay.revision},
-            {"name": "K3_TREE", "value": lay.tree},
-            {"name": "K3_LOCK", "value": lay.lock},
-            {"name": "K3_EXPECT_TREE_DIGEST", "value": expected_tree_digest(receipt, lock_text)},
-            {"name": "K3_HASH_WORKERS", "value": str(cfg.weights.hash_workers)},
-            {"name": "K3_RUNTIME_DIR", "value": RUNTIME_DIR},
-            {"name": "K3_RUNTIME_SHA256", "value": runtime_pins(lock_text)},
-            {"name": "K3_RUNTIME_BOOTSTRAP", "value": bootstrap_source()},
-            {"name": "K3_RUNTIME_COPY_DIR", "value": "/tmp"}]
+              lock_text: Optional[str]) -> list[Tagged]:
+    digest_origin = (from_receipt("model.tree_digest") if lock_text is None else
+                     stack("weights.lockFile", cfg.weights.lock_file, "its tree_digest"))
+    return [origin.env("K3_REPO", lay.repo, from_receipt("model.repo")),
+            origin.env("K3_REVISION", lay.revision, stack("weightsRevision", lay.revision)),
+            origin.env("K3_TREE", lay.tree, tree_origin(receipt, cfg)),
+            origin.env("K3_LOCK", lay.lock, k3infra("the lock beside the tree (the prefetch "
+                                                    "writes it)")),
+            origin.env("K3_EXPECT_TREE_DIGEST", expected_tree_digest(receipt, lock_text),
+                       digest_origin),
+            origin.env("K3_HASH_WORKERS", str(cfg.weights.hash_workers),
+                       stack("weights.hashWorkers", cfg.weights.hash_workers)),
+            origin.env("K3_RUNTIME_DIR", RUNTIME_DIR, RUNTIME_DIR_ORIGIN),
+            origin.env("K3_RUNTIME_SHA256", runtime_pins(lock_text), PINS_ORIGIN),
+            origin.env("K3_RUNTIME_BOOTSTRAP", bootstrap_source(), BOOTSTRAP_ORIGIN),
+            origin.env("K3_RUNTIME_COPY_DIR", "/tmp", k3infra(
+                "where the bootstrap copies the verified files it runs"))]
 
 
 def _gate_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
-              lock_text: Optional[str], mode: str) -> list[dict]:
+              lock_text: Optional[str], mode: str, mode_origin: Origin) -> list[Tagged]:
     lock = f"{RUNTIME_DIR}/{LOCK_KEY}" if lock_text is not None else lay.lock
+    lock_origin = (stack("weights.lockFile", cfg.weights.lock_file, "shipped in the runtime "
+                         "ConfigMap") if lock_text is not None
+                   else k3infra("the lock beside the tree"))
     return [*_base_env(receipt, cfg, lay, lock_text),
-            {"name": "K3_GATE_LOCK", "value": lock},
-            {"name": "K3_GATE_MODE", "value": mode},
-            {"name": "K3_GATE_STATE", "value": GATE_STATE_DIR}]
+            origin.env("K3_GATE_LOCK", lock, lock_origin),
+            origin.env("K3_GATE_MODE", mode, mode_origin),
+            origin.env("K3_GATE_STATE", GATE_STATE_DIR, k3infra(
+                "the record of stamps mode, private to the pod (an emptyDir)"))]
+
+
+def _serving_gate_mode(cfg: StackConfig) -> tuple[str, Origin]:
+    return cfg.weights.gate_mode, stack("weights.gateMode", cfg.weights.gate_mode)
+
+
+# The gate outside the serving container (the audit, a reader's init container) always
+# reads the whole tree.
+_FULL_READ = ("warm", k3infra("a full read-and-hash: this gate runs once per pod"))
 
 
 def _prefetch_env(receipt: Receipt, cfg: StackConfig, lay: WeightsLayout,
-                  lock_text: Optional[str], hf_token_secret: Optional[str]) -> list[dict]:
+                  lock_text: Optional[str], hf_token_secret: Optional[str]) -> list[Tagged]:
     env = [*_base_env(receipt, cfg, lay, lock_text),
            # hf_xet's high-performance mode (huggingface/hub-docs PR 2260), and the stall
            # watchdog's window (k3infra/weights/prefetch.py, docs/coldstart.md).
-           {"name": "HF_XET_HIGH_PERFORMANCE", "value": "1"},
-           {"name": "K3_DOWNLOAD_STALL_SECONDS",
-            "value": str(cfg.cold_start.download_stall_seconds)},
-           {"name": "HOME", "value": "/tmp"}]
+           origin.env("HF_XET_HIGH_PERFORMANCE", "1", k3infra(
+               "hf_xet high-performance mode for the download")),
+           origin.env("K3_DOWNLOAD_STALL_SECONDS", str(cfg.cold_start.download_stall_seconds),
+                      stack("coldStart.downloadStallSeconds",
+                            cfg.cold_start.download_stall_seconds)),
+           origin.env("HOME", "/tmp", k3infra("a writable home on the pod's /tmp"))]
     store = cfg.weights.store
     if store is not None:
         # The origin is your store: no Hub endpoint, no HF token in this pod.
         return env + store_env(cfg)
     if cfg.weights.hub_endpoint:
-        env.append({"name": "HF_ENDPOINT", "value": cfg.weights.hub_endpoint})
+        env.append(origin.env("HF_ENDPOINT", cfg.weights.hub_endpoint,
+                              stack("weights.hubEndpoint", cfg.weights.hub_endpoint)))
     if hf_token_secret:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": hf_token_secret, "key": "token"}}})
+        env.append(origin.secret_env("HF_TOKEN", hf_token_secret, "token", stack(
+            "hfToken", "[secret]", f"read from the Secret {hf_token_secret}")))
     return env
 
 
@@ -285,21 +324,29 @@ def store_parts_in_flight(cfg: StackConfig) -> int:
     return max(1, min(STORE_PARTS_IN_FLIGHT, int(budget // per_part)))
 
 
-def store_env(cfg: StackConfig) -> list[dict]:
+def store_env(cfg: StackConfig) -> list[Tagged]:
     """The store's options (k3weights.store reads K3_STORE_*) and its credentials, each key
     from the Secret by reference: the values never enter the manifest or the state."""
     store = cfg.weights.store
     env = []
-    for name, value in ((STORE_ENDPOINT_ENV, store.endpoint), (STORE_REGION_ENV, store.region),
-                        (STORE_ALLOW_HTTP_ENV, "true" if store.allow_http else None),
-                        (STORE_VIRTUAL_HOSTED_ENV, "true" if store.virtual_hosted_style else None)):
+    for name, value, key in ((STORE_ENDPOINT_ENV, store.endpoint, "endpoint"),
+                             (STORE_REGION_ENV, store.region, "region"),
+                             (STORE_ALLOW_HTTP_ENV, "true" if store.allow_http else None,
+                              "allowHttp"),
+                             (STORE_VIRTUAL_HOSTED_ENV,
+                              "true" if store.virtual_hosted_style else None,
+                              "virtualHostedStyle")):
         if value:
-            env.append({"name": name, "value": value})
-    env.append({"name": STORE_PARTS_ENV, "value": str(store_parts_in_flight(cfg))})
+            env.append(origin.env(name, value, stack(f"weights.store.{key}", value)))
+    env.append(origin.env(STORE_PARTS_ENV, str(store_parts_in_flight(cfg)), k3infra(
+        "ranged reads in flight per file, within a quarter of "
+        "k3:weights.prefetchResources.memoryLimitGi")))
     if store.credentials_secret:
-        env += [{"name": key, "valueFrom": {"secretKeyRef": {
+        env += [Tagged({"name": key, "valueFrom": {"secretKeyRef": {
                     "name": store.credentials_secret, "key": key,
-                    **({} if required else {"optional": True})}}}
+                    **({} if required else {"optional": True})}}},
+                       stack("weights.store.credentialsSecret", store.credentials_secret,
+                             f"the key {key}, by reference"))
                 for key, required in STORE_SECRET_KEYS[store.scheme].items()]
     return env
 
@@ -313,15 +360,19 @@ def _gate_container(name: str, image: Any, receipt: Receipt, cfg: StackConfig, b
                     lock_text: Optional[str]) -> dict:
     """The gate alone (warm mode, read-only mount), for pods whose main container is not
     vLLM: the audit, and the init container of a pod that reads the weights."""
-    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
-            "command": ["sh", "-c", GATE_SCRIPT, f"k3-{name}", "true"],
-            "env": _gate_env(receipt, cfg, layout(receipt, cfg), lock_text, "warm"),
-            # Disk: the runtime's copy in /tmp and the logs.
-            "resources": ephemeral.with_storage(cfg.weights.gate_resources.manifest(),
-                                                ephemeral.LOGS_GI, GATE_TMP_GI),
-            "securityContext": container_security_context(),
-            "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT,
-                              "readOnly": True}, *_runtime_mounts(base)]}
+    return origin.container({
+        "name": name, "image": Tagged(image, origin.engine_image(cfg)),
+        "imagePullPolicy": "IfNotPresent",
+        "command": [words(k3infra("the weights gate (the bootstrap, then the gate; a refusal "
+                                  "fails the container), then `true`"),
+                          "sh", "-c", GATE_SCRIPT, f"k3-{name}", "true")],
+        "env": _gate_env(receipt, cfg, layout(receipt, cfg), lock_text, *_FULL_READ),
+        # Disk: the runtime's copy in /tmp and the logs.
+        "resources": ephemeral.with_storage(cfg.weights.gate_resources.manifest(),
+                                            ephemeral.LOGS_GI, GATE_TMP_GI),
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT,
+                          "readOnly": True}, *_runtime_mounts(base)]})
 
 
 def _weights_pod(cfg: StackConfig, base: str, container: dict, lock_text: Optional[str],
@@ -354,16 +405,21 @@ def prefetch_jobs(receipt: Receipt, cfg: StackConfig, base: str, namespace: str,
     jobs = []
     for i in range(cfg.replicas if per_node else 1):
         # Where this copy's bytes come from, in order (k3infra/weights/fanout.py).
-        origin = {"name": "K3_WEIGHTS_SOURCES",
-                  "value": fanout.sources_env(cfg, base, namespace, i)}
-        container = {"name": "prefetch", "image": image, "imagePullPolicy": "IfNotPresent",
-                     "command": ["sh", "-c", PREFETCH_SCRIPT],
-                     "env": [*_prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret), origin],
-                     "resources": ephemeral.with_storage(cfg.weights.prefetch_resources.manifest(),
-                                                         1, PREFETCH_TMP_GI),
-                     "securityContext": container_security_context(),
-                     "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
-                                      *_runtime_mounts(base)]}
+        sources = origin.env("K3_WEIGHTS_SOURCES", fanout.sources_env(cfg, base, namespace, i),
+                             stack("weights.source", cfg.weights.source,
+                                   f"copy {i}: its sources in order, k3infra/weights/fanout.py"))
+        container = origin.container({
+            "name": "prefetch", "image": Tagged(image, origin.engine_image(cfg)),
+            "imagePullPolicy": "IfNotPresent",
+            "command": [words(k3infra("the bootstrap checks the runtime files, then runs "
+                                      "k3infra/weights/pod/prefetch.sh from the verified copies"),
+                              "sh", "-c", PREFETCH_SCRIPT)],
+            "env": [*_prefetch_env(receipt, cfg, lay, lock_text, hf_token_secret), sources],
+            "resources": ephemeral.with_storage(cfg.weights.prefetch_resources.manifest(),
+                                                1, PREFETCH_TMP_GI),
+            "securityContext": container_security_context(),
+            "volumeMounts": [{"name": names(base)["volume"], "mountPath": WEIGHTS_ROOT},
+                             *_runtime_mounts(base)]})
         spec = _weights_pod(cfg, base, container, lock_text, "OnFailure",
                             labels["app.kubernetes.io/instance"], i)
         template_labels = pod_labels
@@ -461,10 +517,11 @@ def serving_parts(receipt: Receipt, cfg: StackConfig, base: str, image: Any,
     reader["persistentVolumeClaim"] = dict(reader["persistentVolumeClaim"], readOnly=True)
     return WeightsParts(
         model_dir=lay.tree,
+        model_dir_origin=tree_origin(receipt, cfg),
         volumes=volumes,
         main_mounts=[weights_mount],
         gate_command=["sh", "-c", GATE_SCRIPT, "k3-gate"],
-        gate_env=_gate_env(receipt, cfg, lay, lock_text, cfg.weights.gate_mode),
+        gate_env=_gate_env(receipt, cfg, lay, lock_text, *_serving_gate_mode(cfg)),
         gate_mounts=[{"name": names(base)["runtime"], "mountPath": RUNTIME_DIR, "readOnly": True},
                      {"name": names(base)["gate_state"], "mountPath": GATE_STATE_DIR}],
         claim_templates=claims,
@@ -489,10 +546,10 @@ def runtime_file_map(lock_text: Optional[str]) -> dict[str, str]:
 def prefetch_env_map(receipt: Receipt, cfg: StackConfig, lock_text: Optional[str]) -> dict[str, str]:
     """The prefetch container's plain env (the HF token is a secret the host adds)."""
     return {e["name"]: e["value"]
-            for e in _prefetch_env(receipt, cfg, layout(receipt, cfg), lock_text, None)}
+            for e in entries(_prefetch_env(receipt, cfg, layout(receipt, cfg), lock_text, None))}
 
 
 def gate_env_map(receipt: Receipt, cfg: StackConfig, lock_text: Optional[str]) -> dict[str, str]:
     """The gate's env in the serving container (k3:weights.gateMode)."""
-    return {e["name"]: e["value"] for e in _gate_env(receipt, cfg, layout(receipt, cfg),
-                                                    lock_text, cfg.weights.gate_mode)}
+    return {e["name"]: e["value"] for e in entries(_gate_env(
+        receipt, cfg, layout(receipt, cfg), lock_text, *_serving_gate_mode(cfg)))}
