@@ -10,7 +10,8 @@ import pulumi
 from k3infra.clientjob import JobNames
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
-from k3infra.kube import apply_built, child_options
+from k3infra.inputs import wired_build
+from k3infra.kube import apply_built, apply_manifest, child_options
 
 # Scheduling and image start on top of the Job's own deadline.
 WAIT_MARGIN_SECONDS = 600
@@ -27,16 +28,24 @@ class ClientJob(pulumi.ComponentResource):
     def _build(self, name: str, inputs: StackInputs, opts: Optional[pulumi.ResourceOptions], *,
                names: JobNames, runtime: Callable[[StackConfig], dict],
                claim: Callable[[StackConfig], dict], job: Callable[[StackConfig], dict],
-               timeout_seconds: int, depends_on: Sequence[pulumi.Resource]) -> None:
+               timeout_seconds: int, depends_on: Sequence[pulumi.Resource],
+               job_name: Optional[pulumi.Output] = None) -> None:
+        """`job_name`: a name known only at run time (the rollout gate's, from the digest
+        of the template it judges); a new name replaces the Job."""
         runtime_cm = apply_built(f"{name}-runtime", inputs, runtime, child_options(self, opts))
         # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
         results = apply_built(f"{name}-results", inputs, claim,
                               child_options(self, opts, retain_on_delete=True))
         wait = f"{(timeout_seconds + WAIT_MARGIN_SECONDS) // 60}m"
-        self.job = apply_built(
-            f"{name}-job", inputs, job,
+        built = wired_build(inputs, job)
+        if job_name is not None:
+            built = pulumi.Output.all(built, job_name).apply(
+                lambda a: {**a[0], "metadata": {**a[0]["metadata"], "name": a[1]}})
+        self.job = apply_manifest(
+            f"{name}-job", built,
             child_options(self, opts, *depends_on, runtime_cm, results, delete_before_replace=True,
-                          custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)))
+                          custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait)),
+            job(inputs.plain))
         self.results_claim = pulumi.Output.from_input(names.pvc)
-        self.job_name = pulumi.Output.from_input(names.job)
+        self.job_name = pulumi.Output.from_input(job_name if job_name is not None else names.job)
         self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})

@@ -20,7 +20,7 @@ from k3infra import naming
 from k3infra.origin import ContainerSource, Origin
 
 # The Jobs shown beside the serving pod, by their pods' component label.
-JOB_COMPONENTS = (naming.PREFETCH_COMPONENT, naming.BENCHMARK_COMPONENT)
+JOB_COMPONENTS = (naming.PREFETCH_COMPONENT, naming.BENCHMARK_COMPONENT, naming.ROLLOUT_GATE_COMPONENT)
 # A value longer than this, or of several lines, is shown by its size and digest (the
 # bootstrap's source, the runtime pins); its origin names what it is.
 INLINE_LIMIT = 160

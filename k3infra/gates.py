@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pulumi
 
 from k3infra.config import StackConfig
-from k3infra.receipt import Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt
 
 PLACEHOLDER_HEX = "0" * 64
 
@@ -56,6 +56,11 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
                         cfg.accuracy.image if cfg.accuracy.enabled else None)):
         if is_placeholder(value):
             gates.append(Gate(key, f"{value} is a placeholder: replace it with your pinned value"))
+    if receipt.is_candidate:
+        gates.append(Gate("k3:receipt", f"{receipt.id} is a candidate: {NOTHING_MEASURED} "
+                          f"(flags from {receipt.source}); benchmark it on your nodes "
+                          "(k3:benchmark.enabled) and measure it into a receipt with `k3infra "
+                          "bench receipt` (docs/receipts.md)", refuses=False))
     if cfg.profile != "measured":
         gates_note = ("the upstream engine is not the measured engine"
                       if cfg.profile == "upstream" else "custom engine-path settings")

@@ -6,7 +6,7 @@ Pure: receipt residency (GiB per GPU at TP8+EP) against a table of known GPUs (r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from k3infra.receipt import Receipt
 
@@ -65,3 +65,54 @@ def hbm_fit(receipt: Receipt, gpu_product: str,
             f"GPU). Accepted: GPUs with more memory per GPU, such as "
             f"{receipt.hardware.gpu_product_label} ({receipt.measured_gpu.memory_gib} GiB)")
     return HbmFit(gpu_product, memory, weights, round(headroom, 2))
+
+
+# vLLM's --gpu-memory-utilization when a receipt does not set it (vLLM's own default).
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    max_model_len: int
+    kv_gib_per_sequence: float   # one full-length sequence at the receipt's bound
+    kv_room_gib: float           # per GPU: memory x utilization - weights - headroom
+    dtype: str
+
+    def summary(self) -> str:
+        return (f"one {self.max_model_len}-token sequence needs at most "
+                f"{self.kv_gib_per_sequence:.2f} GiB of {self.dtype} KV cache per GPU, of "
+                f"{self.kv_room_gib:.2f} GiB left")
+
+
+def _last(tokens: list[str], flag: str) -> Optional[str]:
+    """The value of the last `flag VALUE` or `flag=VALUE` in `tokens` (vLLM takes the last)."""
+    found = None
+    for i, t in enumerate(tokens):
+        if t == flag and i + 1 < len(tokens):
+            found = tokens[i + 1]
+        elif t.startswith(flag + "="):
+            found = t.split("=", 1)[1]
+    return found
+
+
+def context_fit(receipt: Receipt, fit: HbmFit, extra_args: Sequence[str] = ()) -> Optional[ContextFit]:
+    """Does one sequence of `--max-model-len` fit the KV room a GPU has left, at the
+    receipt's upper bound of KV bytes per token (receipt.kv_cache)? None when the receipt
+    states no bound or no window; HbmError naming --max-model-len when it does not fit."""
+    kv = receipt.kv_cache
+    tokens = [*receipt.serve.engine_arg_tokens(), *extra_args]
+    length = _last(tokens, "--max-model-len")
+    if kv is None or length is None or not length.isdigit():
+        return None
+    util = float(_last(tokens, "--gpu-memory-utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+    room = fit.gpu_memory_gib * util - fit.weights_gib_per_gpu - MIN_HEADROOM_GIB
+    need = int(length) * kv.bytes_per_token_max / GIB
+    if need > room:
+        raise HbmError(
+            f"--max-model-len {length}: one full-length sequence needs up to {need:.2f} GiB of "
+            f"{kv.dtype} KV cache per GPU (receipt {receipt.id}: {kv.bytes_per_token_max} B per "
+            f"token at most), but {fit.gpu_product} leaves {room:.2f} GiB ({fit.gpu_memory_gib:.2f} "
+            f"GiB x {util:g} - {fit.weights_gib_per_gpu:.2f} GiB weights - {MIN_HEADROOM_GIB:g} GiB "
+            f"headroom). Accepted: --max-model-len {int(room * GIB // kv.bytes_per_token_max)} or less")
+    return ContextFit(int(length), round(need, 2), round(room, 2), kv.dtype)

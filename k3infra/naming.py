@@ -40,6 +40,7 @@ PREFETCH_COMPONENT = "weights-prefetch"
 PREPULL_COMPONENT = "image-prepull"
 SOURCE_COMPONENT = "weights-source"      # in-cluster sources of verified weights copies
 BENCHMARK_COMPONENT = "benchmark"
+ROLLOUT_GATE_COMPONENT = "rollout-gate"     # the gate's benchmark Job (serving/rollout.py)
 BENCHMARK_RESULTS_COMPONENT = "benchmark-results"
 BENCHMARK_READER_COMPONENT = "benchmark-reader"
 ACCURACY_COMPONENT = "accuracy-smoke"

@@ -17,7 +17,7 @@ from typing import Optional
 
 from k3infra import topology
 from k3infra.config import ConfigError, StackConfig
-from k3infra.hbm import HbmError, hbm_fit
+from k3infra.hbm import HbmError, context_fit, hbm_fit
 from k3infra.nodepool.base import node_sku, pool_spec
 from k3infra.receipt import Receipt
 
@@ -50,6 +50,22 @@ def check_hbm(cfg: StackConfig, receipt: Receipt) -> Check:
         raise PreflightError(exc.key, cfg.gpu_product,
                              text[len(prefix):] if text.startswith(prefix) else text) from None
     return Check("HBM fit per node", fit.summary())
+
+
+def check_context(cfg: StackConfig, receipt: Receipt) -> Check:
+    """The receipt's context window against the KV room its GPUs leave (k3infra.hbm)."""
+    if topology.is_multi_node(cfg) or receipt.kv_cache is None:
+        return Check("KV cache fit", f"receipt {receipt.id} states no KV bound per token: not "
+                     "checked" if receipt.kv_cache is None else "one NVLink domain: not checked")
+    try:
+        fit = context_fit(receipt, hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib),
+                          cfg.custom.args if cfg.profile == "custom" else ())
+    except HbmError as exc:
+        custom = cfg.profile == "custom" and "--max-model-len" in " ".join(cfg.custom.args)
+        raise PreflightError("k3:custom.args" if custom else "k3:receipt",
+                             cfg.custom.args if custom else cfg.receipt or receipt.id,
+                             str(exc)) from None
+    return Check("KV cache fit", fit.summary() if fit else "no --max-model-len: not checked")
 
 
 def check_pool_gpu(cfg: StackConfig, receipt: Receipt) -> Check:
@@ -219,7 +235,7 @@ def multi_node_requirements(cfg: StackConfig, receipt: Receipt) -> Check:
 def run_preflight(cfg: StackConfig, receipt: Receipt,
                   lock_total_bytes: Optional[int] = None) -> list[Check]:
     """All checks in order; the first failure raises PreflightError."""
-    return [check_hbm(cfg, receipt), check_pool_gpu(cfg, receipt),
+    return [check_hbm(cfg, receipt), check_context(cfg, receipt), check_pool_gpu(cfg, receipt),
             check_node_count(cfg, receipt), check_weights_volume(cfg, receipt, lock_total_bytes),
             check_engine_cpu(cfg, receipt),
             check_local_nvme(cfg, receipt, lock_total_bytes),

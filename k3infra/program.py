@@ -21,19 +21,21 @@ def read_k3_config() -> tuple[dict[str, str], list[str]]:
 
 def run(offline_render: bool = False) -> None:
     """`offline_render`: passed by `k3infra render` only (see `__main__.py`)."""
-    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
     from k3infra.engine.result import EngineBuildError
     from k3infra.gates import GateError
     from k3infra.hbm import HbmError
     from k3infra.nodepool.base import pool_spec
     from k3infra.nodepool.cluster_access import cluster_provider
     from k3infra.nodepool.cluster_addons import ClusterAddons
-    from k3infra.receipt import ReceiptError, load_receipt
+    from k3infra.receipt import ReceiptError
     from k3infra.stack import K3ServingStack
 
     try:
-        receipt = load_receipt()
         raw, secret = read_k3_config()
+        # The stack's own receipt (k3:receipt), resolved in the project (the working
+        # directory `pulumi` runs the program in) before the rest is judged against it.
+        receipt = chosen_receipt(raw).receipt
         cfg = parse_stack_config(raw, tuple(secret), receipt=receipt)
         if cfg.host is not None:      # one Docker host, no cluster (k3infra/host)
             from k3infra.host.component import K3HostStack

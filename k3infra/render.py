@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from k3infra import origin
-from k3infra.config import (CONFIG_NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override, parse_stack_config,
+from k3infra.receipt import ChosenReceipt
+from k3infra.config import (CONFIG_NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override,
+                            chosen_receipt, parse_stack_config,
                             read_stack_file, stack_file, stack_names, to_pulumi_config)
 
 # `__main__.py` reads this global of its own run; only the renderer sets it.
@@ -39,14 +41,18 @@ class Render:
     # The containers as their builders tagged them (k3infra.origin), for `render --show`;
     # never written to plan.json.
     sources: list = field(default_factory=list)
+    # The stack's receipt (k3:receipt resolved): plan.json records which, by content sha256.
+    receipt: Optional[ChosenReceipt] = None
 
     def manifests(self) -> list[dict]:
-        """Kubernetes objects, in registration order (CRDs included, Helm charts not)."""
+        """Kubernetes objects, in registration order (CRDs included, Helm charts not, nor
+        a patch of an object: the rollout gate's promotion is in plan.json only)."""
         out = []
         for r in self.resources:
             inputs = r["inputs"]
             if r["type"].startswith("kubernetes:") and "kind" in inputs and "apiVersion" in inputs \
-                    and not r["type"].startswith("kubernetes:helm"):
+                    and not r["type"].startswith("kubernetes:helm") \
+                    and not r["type"].endswith("Patch"):
                 out.append(inputs)
         return out
 
@@ -57,6 +63,7 @@ class Render:
         return {"stack": self.stack, "project": CONFIG_NAMESPACE,
                 "config": {k: (SECRET_PLACEHOLDER if k in self.secret_keys else v)
                            for k, v in self.raw_config.items()},
+                "receipt": self.receipt.record() if self.receipt else None,
                 "resources": self.resources, "outputs": self.outputs,
                 "warnings": self.warnings}
 
@@ -229,15 +236,16 @@ def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = N
     root = root or project_root()
     raw, secrets = load_config(stack, list(overrides), root)
     # Validate first: a clear ConfigError beats a traceback from inside the program.
-    from k3infra.receipt import load_receipt
-
-    parse_stack_config(raw, tuple(secrets), receipt=load_receipt())
+    chosen = chosen_receipt(raw, root)
+    parse_stack_config(raw, tuple(secrets), receipt=chosen.receipt)
     cwd = os.getcwd()
     os.chdir(root)       # relative paths in config (lock files) resolve like under `pulumi`
     try:
-        return run_program(stack, raw, secrets, root)
+        render = run_program(stack, raw, secrets, root)
     finally:
         os.chdir(cwd)
+    render.receipt = chosen
+    return render
 
 
 def _yaml_dumper():

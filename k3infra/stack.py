@@ -2,14 +2,14 @@
 benchmark and operations parts) for one instance, composed from the `k3:*` keys.
 
     from k3infra import K3ServingStack, K3ServingStackArgs
-    from k3infra.receipt import load_receipt
+    from k3infra.receipt import stack_receipt
     stack = K3ServingStack(
         "kimi-k3",
         K3ServingStackArgs(weightsRevision="<40 hex>", apiKey=password.result,
                            engineImage=image.ref,
                            nodePool={"provider": "aws", "aws": {"clusterName": cluster.name, ...}}),
         pulumi.ResourceOptions(provider=k8s_provider),
-        receipt=load_receipt())
+        receipt=stack_receipt("kimi-k3-8xb300-2026-07-29").receipt)
 
 Args are the stack config keys (without the `k3:` prefix): `K3ServingStackArgs` is the
 TypedDict derived from the config models (k3infra/plugin/shapes.py). The keys listed in
@@ -41,8 +41,9 @@ from k3infra.operations.component import ServingOperations
 # may be wired), never written out again here.
 from k3infra.plugin.shapes import K3ServingStackArgs
 from k3infra.preflight import run_preflight
-from k3infra.receipt import Receipt
-from k3infra.serving import manifests as m
+from k3infra.receipt import Receipt, stack_receipt
+from k3infra.bench.component import RolloutGate
+from k3infra.serving import manifests as m, rollout
 from k3infra.serving.component import VllmServing
 from k3infra.weights.component import WeightsPrefetch
 from k3infra.weights.lockcheck import check_lock_revision, load_stack_lock
@@ -54,6 +55,7 @@ class K3ServingStack(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     served_model_name: pulumi.Output[str]
     receipt_id: pulumi.Output[str]
+    receipt: pulumi.Output[dict]
     engine_commit: pulumi.Output[Optional[str]]
     engine_version: pulumi.Output[Optional[str]]
     wheel_sha256: pulumi.Output[Optional[str]]
@@ -91,6 +93,12 @@ class K3ServingStack(pulumi.ComponentResource):
         if inputs.plain.namespace is None:
             inputs = inputs.with_plain(lambda c: c.model_copy(update={"namespace": instance}))
         cfg = inputs.plain
+        if cfg.receipt is not None:
+            named = stack_receipt(cfg.receipt).receipt
+            if named.sha256() != receipt.sha256():
+                raise ConfigError("k3:receipt", cfg.receipt,
+                                  f"names receipt {named.id}, but the component was given "
+                                  f"receipt {receipt.id}: pass the receipt the args name")
         owns_namespace = naming.creates_namespace(cfg.namespace, cfg.create_namespace, instance)
         self.config = cfg
         self.inputs = inputs
@@ -112,7 +120,7 @@ class K3ServingStack(pulumi.ComponentResource):
                               f"in {cfg.namespace!r}; name one per instance, e.g. "
                               f"{instance}-build")
         gates.enforce([g for g in gates.deployment_gates(receipt, cfg)
-                       if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(cfg)
+                       if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(receipt, cfg)
                       + picker_gates(cfg) + [g for g in [key_policy_note(cfg)] if g]
                       + scaling_warnings(receipt, cfg),
                       offline_render)
@@ -172,6 +180,20 @@ class K3ServingStack(pulumi.ComponentResource):
             self.engine.plan.pins(), depends_on=[*self.weights.jobs, *secrets, self.pool],
             opts=in_ns)
 
+        # k3:rollout.gate: a change of the serving pods reaches the canary, is benchmarked
+        # there against the receipt, and reaches the others only if it passes.
+        self.rollout_gate = None
+        serving_ready: list[pulumi.Resource] = list(self.serving.workloads)
+        if rollout.gated(cfg):
+            self.rollout_gate = RolloutGate(
+                f"{name}-rollout", receipt, inputs, image, self.weights.parts_for, names=names,
+                instance=instance, statefulset=self.serving.statefulset,
+                template_digest=self.serving.template_digest,
+                rollout_timeouts=self.serving.rollout_timeouts,
+                api_key_secret_key=m.API_KEY_SECRET_KEY, depends_on=secrets, opts=in_ns)
+            # Dependents judge the promoted template (or, a candidate, the measured canary).
+            serving_ready.append(self.rollout_gate.promotion or self.rollout_gate.job)
+
         # k3:gateway.enabled: the inference gateway in front of the serving pods.
         self.gateway = None
         if cfg.gateway.enabled:
@@ -192,7 +214,7 @@ class K3ServingStack(pulumi.ComponentResource):
                 base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=naming.selector_labels(instance),
-                depends_on=[*self.serving.workloads, *secrets], opts=in_ns)
+                depends_on=[*serving_ready, *secrets], opts=in_ns)
 
         # k3:accuracy.enabled: the lm-eval smoke test, once serving is ready.
         self.accuracy = None
@@ -204,11 +226,13 @@ class K3ServingStack(pulumi.ComponentResource):
                 labels=naming.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
                 api_key_secret=names.api_key_secret, api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=naming.selector_labels(instance),
-                depends_on=[*self.serving.workloads, *secrets], opts=in_ns)
+                depends_on=[*serving_ready, *secrets], opts=in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
         self.receipt_id = pulumi.Output.from_input(receipt.id)
+        # Which receipt, by content: what `verify` and the policy pack hold the stack to.
+        self.receipt = pulumi.Output.from_input(receipt.identity())
         self.engine_commit = self.engine.engine_commit
         self.engine_version = self.engine.engine_version
         self.wheel_sha256 = self.engine.wheel_sha256
@@ -226,7 +250,7 @@ class K3ServingStack(pulumi.ComponentResource):
 
     def outputs(self) -> dict[str, pulumi.Output]:
         return {"endpoint": self.endpoint, "servedModelName": self.served_model_name,
-                "receiptId": self.receipt_id, "engineCommit": self.engine_commit,
+                "receiptId": self.receipt_id, "receipt": self.receipt, "engineCommit": self.engine_commit,
                 "engineVersion": self.engine_version, "wheelSha256": self.wheel_sha256,
                 "imageDigest": self.image_digest, "engineProfile": self.engine_profile,
                 "weightsRevision": self.weights_revision, "treeDigest": self.tree_digest,

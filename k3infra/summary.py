@@ -10,6 +10,7 @@ from k3infra.display import styled
 from k3infra.topology import fit_summary, is_multi_node, not_measured_text
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import SERVING_CONTAINER, serve_argv
+from k3infra.serving import rollout
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import fanout
 from k3infra.weights import manifests as w
@@ -55,13 +56,14 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
                      f"nvidia.com/gpu.product={cfg.gpu_product}; one replica per node; "
                      f"pool: {cfg.node_pool.provider}")
     return [
-        ("receipt", r.id),
+        ("receipt", r.id if not r.is_candidate else
+         styled((f"{r.id}: {r.standing()}", "bold yellow"))),
         ("profile", cfg.profile if cfg.profile == "measured" else
          styled((f"{cfg.profile}: NOT the measured configuration", "bold red"))),
         # EngineBuild's label: the receipt's engine and how it is obtained, or the
         # upstream release marked "not the measured engine".
         ("engine", str(render.outputs.get("engineProfile")
-                       or f"{r.engine.name} {r.engine.version} @ {r.engine.commit}")),
+                       or r.engine.describe())),
         ("image", str(image)),
         ("weights", f"{r.model.repo} @ {cfg.weights_revision}, tree {r.model.tree_digest}"),
         ("weights storage", f"{cfg.weights.mode}; prefetch Job timeout "
@@ -73,6 +75,7 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
         *topology_rows,
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
         ("placement", placement),
+        ("rollout", rollout.what_happens(r, cfg)),
         ("HBM", fit_summary(cfg, r)),
         *budget.rows(),
     ]

@@ -190,7 +190,7 @@ def test_engine_keys_are_validated_by_the_config(engine, key):
 def test_engine_gates_flag_placeholder_build_images_only_for_in_cluster():
     from k3infra.engine.plan import engine_gates
 
-    keys = [g.key for g in engine_gates(in_cluster())]
+    keys = [g.key for g in engine_gates(load_receipt(), in_cluster())]
     assert keys == ["k3:engine.commit", "k3:engine.baseImages.cudaDevel",
                     "k3:engine.baseImages.uv", "k3:engine.baseImages.rust",
                     "k3:engine.apiServerCidrs", "k3:engine.buildkitImage",
@@ -202,8 +202,8 @@ def test_engine_gates_flag_placeholder_build_images_only_for_in_cluster():
                         baseImages={"cudaDevel": f"nvidia/cuda:13.0.2-devel-ubuntu22.04@sha256:{'5' * 64}",
                                     "uv": f"ghcr.io/astral-sh/uv:0.8.22@sha256:{'6' * 64}",
                                     "rust": f"rust:1.90.0-slim-bookworm@sha256:{'7' * 64}"})
-    assert engine_gates(pinned) == []
-    assert engine_gates(cfg(engineImage=IMAGE)) == []
+    assert engine_gates(load_receipt(), pinned) == []
+    assert engine_gates(load_receipt(), cfg(engineImage=IMAGE)) == []
 
 
 def receipt_commit() -> str:

@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from k3infra.bench import verdict
 from k3infra.bench.results import BenchResult, percentile
 from k3infra.bench.workload import WORKLOAD_ID
-from k3infra.receipt import Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt
 
 # +-10 %: node-to-node spread of identical B300 nodes and a 3-request p99 need room; a
 # 20 % regression must still fail. Configurable (`--tolerance-pct`, k3:benchmark).
@@ -55,14 +56,15 @@ class LatencyRow:
     def delta_pct(self) -> Optional[float]:
         if self.receipt_ms is None:
             return None
-        return (self.measured_ms - self.receipt_ms) / self.receipt_ms * 100.0
+        return verdict.delta_pct(self.measured_ms, self.receipt_ms)
 
     def verdict(self, tolerance_pct: float) -> str:
         if not self.comparable:
             return "not comparable"
         if self.receipt_ms is None:
             return "new evidence"
-        return "pass" if abs(self.delta_pct()) <= tolerance_pct else "FAIL"
+        return (verdict.PASS if verdict.within(self.measured_ms, self.receipt_ms, tolerance_pct)
+                else verdict.FAIL)
 
 
 @dataclass
@@ -73,6 +75,8 @@ class Comparison:
     # The results' topology when it is not the receipt's (one 8-GPU node): the figures are
     # still set against the receipt's, marked as a cross-topology comparison.
     cross_topology: Optional[str] = None
+    # The receipt is a candidate: nothing to judge against, never a pass.
+    candidate: Optional[str] = None
 
     @property
     def mismatches(self) -> list[Check]:
@@ -111,7 +115,11 @@ class Comparison:
         if new:
             out.append("new evidence (no receipt figure, shown, not judged): concurrency "
                        + ", ".join(str(c) for c in new))
-        if not self.mismatches and not self.judged:
+        if self.candidate:
+            out.append(f"receipt {self.candidate} is a candidate: {NOTHING_MEASURED}, so nothing "
+                       "was judged; `k3infra bench receipt` turns these results into a "
+                       "measured receipt the stack can then name")
+        elif not self.mismatches and not self.judged:
             out.append("no result at a concurrency the receipt measured ("
                        + ", ".join(str(c) for c in sorted(
                            {r.concurrency for r in self.rows if r.concurrency})) +
@@ -199,7 +207,8 @@ def compare_results(results: Sequence[BenchResult], receipt: Receipt,
     seen = {r.metadata.get("k3_topology") or topology or SINGLE_NODE for r in results}
     other = sorted(t for t in seen if t != SINGLE_NODE)
     cmp = Comparison(tolerance_pct=tolerance_pct,
-                     cross_topology=", ".join(other) if other else None)
+                     cross_topology=", ".join(other) if other else None,
+                     candidate=receipt.id if receipt.is_candidate else None)
     for r in results:
         checks = workload_checks(r, receipt)
         cmp.checks.extend(checks)

@@ -12,13 +12,19 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence, Union
 
 import pulumi
+import pulumi_kubernetes as k8s
 
+from k3infra import clientjob, naming
 from k3infra.bench import manifests as b
 from k3infra.clientjob_component import ClientJob
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
+from k3infra.kube import child_options
+from k3infra.naming import ServingNames
 from k3infra.receipt import Receipt
+from k3infra.serving import rollout
 from k3infra.weights.manifests import WeightsParts
+
 
 class Benchmark(ClientJob):
     """`vllm bench serve` over Workload A, every raw result kept on a PVC."""
@@ -44,3 +50,47 @@ class Benchmark(ClientJob):
                                           api_key_secret_key=api_key_secret_key,
                                           weights=parts(c), serving_selector=serving_selector),
             timeout_seconds=b.job_timeout_seconds(inputs.plain), depends_on=depends_on)
+
+
+class RolloutGate(ClientJob):
+    """The rollout gate (k3infra/serving/rollout.py): the canary's benchmark Job, named by
+    the digest of the pod template it judges, then the promotion of every other replica
+    (none for a candidate receipt: its run is recorded for `k3infra bench receipt`)."""
+
+    promotion: Optional[pulumi.CustomResource]
+
+    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
+                 image: Any, weights: Callable[[StackConfig], WeightsParts], *,
+                 names: ServingNames, instance: str, statefulset: pulumi.Resource,
+                 template_digest: pulumi.Output, rollout_timeouts: pulumi.CustomTimeouts,
+                 api_key_secret_key: str, depends_on: Sequence[pulumi.Resource] = (),
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        inputs = StackInputs.of(cfg)
+        super().__init__("k3infra:index:RolloutGate", name, None, opts)
+        job_names = clientjob.JobNames(names.base, rollout.GATE_KIND)
+        labels = naming.labels(instance, naming.ROLLOUT_GATE_COMPONENT)
+        judge = rollout.judge_spec(receipt, inputs.plain)
+        self._build(
+            name, inputs, opts, names=job_names,
+            runtime=lambda c: b.runtime_configmap(job_names, names.namespace, labels),
+            claim=lambda c: b.results_pvc(job_names, names.namespace, labels, c),
+            job=lambda c: b.benchmark_job(receipt, c, names=job_names,
+                                          namespace=names.namespace, labels=labels, image=image,
+                                          base_url=rollout.canary_url(c, names),
+                                          api_key_secret=names.api_key_secret,
+                                          api_key_secret_key=api_key_secret_key,
+                                          weights=weights(c),
+                                          serving_selector=naming.selector_labels(instance),
+                                          gate=judge),
+            timeout_seconds=b.job_timeout_seconds(inputs.plain),
+            depends_on=[statefulset, *depends_on],
+            job_name=template_digest.apply(lambda d: rollout.gate_job_name(names.base, d)))
+        self.promotion = None
+        if not receipt.is_candidate:
+            patch = template_digest.apply(lambda d: rollout.promotion_patch(names, d))
+            # Waits like the StatefulSet itself: every replica Ready on the new template.
+            self.promotion = k8s.apps.v1.StatefulSetPatch(
+                f"{name}-promote", metadata=patch.apply(lambda p: p["metadata"]),
+                spec=patch.apply(lambda p: p["spec"]),
+                opts=child_options(self, opts, self.job, custom_timeouts=rollout_timeouts))
+        self.register_outputs({"job_name": self.job_name})

@@ -15,7 +15,8 @@ directory (node-local weights exist only on those nodes).
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Optional
 
 from k3infra import checkov_skips, clientjob, ephemeral, naming, origin, placement, podfiles
 from k3infra.origin import Origin, Tagged, argv, k3infra, receipt as from_receipt, stack, words
@@ -26,9 +27,10 @@ from k3infra.receipt import Receipt
 from k3infra.weights.manifests import WeightsParts
 
 RUNTIME_DIR = "/etc/k3/bench"
-POD_FILES = ("workload.py", "pod_runner.py")
+POD_FILES = ("workload.py", "pod_runner.py", "verdict.py")
 SHARED_FILES = ("podcommon.py",)          # from the k3infra package itself (one copy)
 COMPONENT = naming.BENCHMARK_COMPONENT
+GATE_COMPONENT = naming.ROLLOUT_GATE_COMPONENT
 RESULTS_COMPONENT = naming.BENCHMARK_RESULTS_COMPONENT
 READER_COMPONENT = naming.BENCHMARK_READER_COMPONENT
 # /health is already 200 when the Job starts (it runs after the StatefulSet is ready);
@@ -94,12 +96,20 @@ def _grid(receipt: Receipt, cfg: StackConfig) -> dict[str, tuple[int, Origin]]:
             "measured": measured}
 
 
-def block_size(receipt: Receipt) -> int:
-    """The KV block size the prefix cache hashes (the receipt's --block-size)."""
+# vLLM's smallest KV block size: where a receipt leaves --block-size to the engine, prompts
+# whose first 16 tokens differ share no block of any size, so 16 is the strict check.
+SMALLEST_BLOCK_SIZE = 16
+
+
+def block_size(receipt: Receipt) -> tuple[int, Origin]:
+    """The KV block size the prefix cache hashes (the receipt's --block-size), and why."""
     arg = next((a for a in receipt.serve.engine_args if a.flag == "--block-size"), None)
     if arg is None or arg.value is None:
-        raise ValueError("the receipt's serve args carry no --block-size")
-    return int(arg.value)
+        return SMALLEST_BLOCK_SIZE, k3infra(
+            "the receipt leaves the KV block size to the engine: vLLM's smallest, the strict "
+            "check that no two prompts share their first block")
+    return int(arg.value), from_receipt("serve.engine_args --block-size",
+                                        "the KV block size the prefix cache hashes")
 
 
 def runtime_configmap(names: clientjob.JobNames, namespace: str, labels: dict) -> dict:
@@ -121,13 +131,14 @@ def runner_args(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: st
 
 
 def runner_arg_parts(receipt: Receipt, cfg: StackConfig, base_url: str, model_dir: str,
-                     model_dir_origin: Origin) -> list[Tagged]:
+                     model_dir_origin: Origin, gate: Optional[dict] = None) -> list[Tagged]:
     w = receipt.workload_a
     g = _grid(receipt, cfg)
     (concurrencies, concurrencies_origin), (output_tokens, output_origin) = _sweep(receipt, cfg)
     b = cfg.benchmark
     parts = [
-        words(k3infra("the serving Service, through the proxy and its key check"),
+        words(k3infra("the canary pod alone, by its DNS name, through its proxy and key check"
+                      if gate else "the serving Service, through the proxy and its key check"),
               "--base-url", base_url),
         words(stack("servedModelName", cfg.served_model_name), "--served-model-name",
               cfg.served_model_name),
@@ -143,8 +154,7 @@ def runner_arg_parts(receipt: Receipt, cfg: StackConfig, base_url: str, model_di
         words(from_receipt("workload_a.prompt_tokens_max"), "--max-tokens",
               str(w.prompt_tokens_max)),
         words(output_origin, "--output-tokens", str(output_tokens)),
-        words(from_receipt("serve.engine_args --block-size", "the KV block size the prefix "
-                           "cache hashes"), "--block-size", str(block_size(receipt))),
+        words(block_size(receipt)[1], "--block-size", str(block_size(receipt)[0])),
         words(stack("benchmark.seed", b.seed), "--seed", str(b.seed)),
         words(k3infra("how long the runner waits for /health"), "--health-timeout",
               str(HEALTH_WAIT_SECONDS))]
@@ -153,6 +163,11 @@ def runner_arg_parts(receipt: Receipt, cfg: StackConfig, base_url: str, model_di
     if cfg.topology != "single-node":
         # Results of a multi-node replica say so: `bench compare` marks them cross-topology.
         parts.append(words(stack("topology", cfg.topology), "--topology", cfg.topology))
+    if gate is not None:
+        parts.append(words(from_receipt("measured", "the rollout gate judges the canary's run "
+                                        "against the receipt's e2el figures, +- "
+                                        "k3:benchmark.tolerancePct (k3infra/bench/verdict.py)"),
+                           "--gate", json.dumps(gate, sort_keys=True)))
     return parts
 
 
@@ -172,10 +187,12 @@ def _gpu_node_placement(cfg: StackConfig, serving_selector: dict, instance: str)
 def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNames,
                   namespace: str, labels: dict, image: Any, base_url: str,
                   api_key_secret: str, api_key_secret_key: str, weights: WeightsParts,
-                  serving_selector: dict) -> dict:
+                  serving_selector: dict, gate: Optional[dict] = None) -> dict:
     """The Job: `vllm bench serve` over Workload A for every configured concurrency.
     The serving pods' weights gate runs first (the tokenizer is read from the same
-    tree), the weights are mounted read-only, and no remote code is trusted."""
+    tree), the weights are mounted read-only, and no remote code is trusted. `gate`: the
+    rollout gate's judgement (k3infra/serving/rollout.py): the runner then exits 1 when
+    the canary's run is outside it, with the table as its termination message."""
     weight_mounts = [dict(m, readOnly=True) for m in weights.main_mounts]
     weight_volumes = list(weights.reader_volumes)      # the weights, and the gate's runtime
     # vllm bench serve sends the key as Bearer; the tokenizer is read from the weights dir.
@@ -189,7 +206,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
                                   f"{names.configmap} ConfigMap (vllm bench serve per point)"),
                           "python3", f"{RUNTIME_DIR}/pod_runner.py"),
                     *runner_arg_parts(receipt, cfg, base_url, weights.model_dir,
-                                      weights.model_dir_origin)],
+                                      weights.model_dir_origin, gate)],
         "env": env, "securityContext": container_security_context(),
         # Disk: the /tmp emptyDir (HOME) and the logs; the results go to their claim.
         "resources": ephemeral.with_storage(cfg.benchmark.resources.manifest(), 1,
@@ -198,7 +215,7 @@ def benchmark_job(receipt: Receipt, cfg: StackConfig, *, names: clientjob.JobNam
                          {"name": "bench-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
                          {"name": "results", "mountPath": RESULTS_DIR},
                          {"name": "tmp", "mountPath": "/tmp"}]})
-    pod_labels = {**labels, "app.kubernetes.io/component": COMPONENT}
+    pod_labels = {**labels, "app.kubernetes.io/component": GATE_COMPONENT if gate else COMPONENT}
     return clientjob.client_job(
         names, namespace, pod_labels,
         annotations={"k3infra.dev/receipt": receipt.id, "k3infra.dev/results-claim": names.pvc,

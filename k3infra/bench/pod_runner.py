@@ -31,10 +31,12 @@ from typing import Optional, Sequence
 
 try:
     from k3infra import podcommon
+    from k3infra.bench import verdict
     from k3infra.bench import workload as wl
 except ImportError:  # in the pod: k3infra is not installed; its files sit next to us
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import podcommon  # noqa: E402
+    import verdict  # noqa: E402
     import workload as wl  # noqa: E402
 
 INDEX = "index.json"
@@ -351,7 +353,53 @@ def run(args: argparse.Namespace) -> int:
         return 1
     podcommon.atomic_write_text(Path(args.results) / LATEST, run_id + "\n")
     log(f"run {run_id} complete: {run_dir} (SHA256SUMS, index.json)")
-    return 0
+    return judge(args, run_dir, index) if args.gate else 0
+
+
+# --- the rollout gate (k3infra/serving/rollout.py) -------------------------------------
+
+# The kubelet keeps at most 4096 bytes of a termination message: the verdict's last lines.
+TERMINATION_BYTES = 4000
+
+
+def measured_points(run_dir: Path, index: dict) -> list[tuple[int, str, float]]:
+    """(concurrency, p50|p99, e2el ms) of every measured invocation of the run, as vLLM
+    computed them (the figures `bench compare` reads from the same files)."""
+    points = []
+    for s in index["sets"]:
+        if s["role"] != "measured":
+            continue
+        data = json.loads((run_dir / s["result"]).read_text())
+        points += [(int(s["concurrency"]), stat, float(data[f"{stat}_e2el_ms"]))
+                   for stat in ("p50", "p99")]
+    return points
+
+
+def judge(args: argparse.Namespace, run_dir: Path, index: dict) -> int:
+    """The canary's run against the receipt (--gate): 0 promotes, 1 refuses. The table is
+    the container's termination message, which `pulumi up` prints when the Job fails."""
+    spec = json.loads(args.gate)
+    points = measured_points(run_dir, index)
+    if spec.get("candidate"):
+        rows = verdict.gate_rows([], points, 0.0)
+        text = (verdict.gate_table(spec["receipt"], 0.0, rows).rsplit("\n", 1)[0]
+                + f"\nRECORDED: receipt {spec['receipt']} is a candidate, nothing to judge; "
+                f"run {index['run_id']} is its first measurement (k3infra bench fetch --gate, "
+                f"then k3infra bench receipt --base {spec['receipt']}); nothing is promoted")
+        passed = True
+    else:
+        rows = verdict.gate_rows(spec["figures"], points, float(spec["tolerance_pct"]))
+        text = verdict.gate_table(spec["receipt"], float(spec["tolerance_pct"]), rows)
+        passed = verdict.gate_passes(rows)
+    print(text, flush=True)
+    index["gate"] = {"receipt": spec["receipt"], "passed": passed, "table": text}
+    write_evidence(run_dir, index)
+    try:
+        with open(args.termination_log, "w", encoding="utf-8") as out:
+            out.write(text[-TERMINATION_BYTES:])
+    except OSError as exc:       # outside a pod: the table is on stdout
+        log(f"no termination message ({exc})")
+    return 0 if passed else 1
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -377,6 +425,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--topology", default="single-node",
                     help="the serving replica's topology, recorded in every result file")
     ap.add_argument("--health-timeout", type=float, default=3600.0)
+    ap.add_argument("--gate", help="the rollout gate's judgement (JSON: receipt, tolerance_pct, "
+                    "figures; or candidate): exit 1 when the run is outside it")
+    ap.add_argument("--termination-log", default="/dev/termination-log")
     return ap.parse_args(argv)
 
 

@@ -49,6 +49,7 @@ class _EnvVar(FileModel):
 
 class _Container(FileModel):
     name: Text(253)
+    image: Optional[Text(1024)] = None
     command: list[Text(1 << 16)] = Field(default_factory=list, max_length=4096)
     args: list[Text(1 << 16)] = Field(default_factory=list, max_length=4096)
     env: list[_EnvVar] = Field(default_factory=list, max_length=4096)
@@ -87,6 +88,7 @@ class ReceiptInputs:
     serve_env: Optional[tuple[tuple[str, str], ...]] = None
     tree_digest: Optional[str] = None
     revision: Optional[str] = None
+    engine_image: Optional[str] = None     # the image the serving container ran
 
     def with_statefulset(self, sts: Any) -> "ReceiptInputs":
         """The serving container's flags and env of a StatefulSet (StatefulSetFile, or
@@ -111,7 +113,7 @@ class ReceiptInputs:
         # The gate's and the start script's variables are read before `exec vllm serve`.
         env = tuple((e.name, e.value) for e in c.env
                     if e.value is not None and e.name not in PRE_ENGINE_ENV_NAMES)
-        return replace(self, serve_flags=tuple(flags), serve_env=env)
+        return replace(self, serve_flags=tuple(flags), serve_env=env, engine_image=c.image)
 
     def with_lock(self, lock) -> "ReceiptInputs":
         """The tree digest and revision of a parsed lock (k3infra.weights.tree.Lock)."""
@@ -201,10 +203,21 @@ def build_receipt(base: Receipt, results: Sequence[BenchResult], inputs: Receipt
     data = base.model_dump(by_alias=True, mode="json")
     data = copy.deepcopy(data)
     data["id"] = inputs.id
+    data["status"] = "measured"
+    if base.is_candidate:
+        data["source"] = f"measured from candidate {base.id} ({base.source})"
     data["measured_on"] = inputs.measured_on or _date(measured) or base.measured_on
     eng = data["engine"]
     eng["version"] = inputs.engine_version or eng["version"]
-    eng["commit"] = inputs.engine_commit or eng["commit"]
+    if base.engine.image is not None:
+        # A released engine: the measured receipt pins the image it measured, by digest.
+        if inputs.engine_image and "@" in inputs.engine_image:
+            eng["image"] = inputs.engine_image
+        if inputs.engine_commit:
+            raise ReceiptWriteError(f"--engine-commit: receipt {base.id}'s engine is the "
+                                    f"released image {base.engine.image}, not a build")
+    else:
+        eng["commit"] = inputs.engine_commit or eng["commit"]
     if inputs.engine_pull_request is not None:
         eng["pull_request"] = inputs.engine_pull_request
     hw = data["hardware"]

@@ -34,7 +34,44 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context")
 
 
-def add_fetch_parser(sub, what: str, image_default: str, func) -> None:
+def add_receipt_args(parser: argparse.ArgumentParser, *, stack: bool = True) -> None:
+    """Which receipt a command judges against: --receipt (a shipped id or a file), or
+    --stack (the receipt stacks/Pulumi.<stack>.yaml names in k3:receipt); neither: the
+    receipt a stack naming none runs (the shipped default)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--receipt", metavar="ID|FILE",
+                       help="a shipped receipt's id (k3infra receipt list) or a receipt file")
+    if stack:
+        group.add_argument("--stack", metavar="NAME",
+                           help="the receipt the stack names (k3:receipt of "
+                                "stacks/Pulumi.<NAME>.yaml)")
+
+
+def stack_receipt_of(stack: str):
+    """The ChosenReceipt stacks/Pulumi.<stack>.yaml names, resolved in this project."""
+    from k3infra.config import ConfigError, chosen_receipt
+    from k3infra.render import load_config, project_root
+
+    root = project_root()
+    try:
+        raw, _secrets = load_config(stack, [], root)
+        return chosen_receipt(raw, root)
+    except (ConfigError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def receipt_of(args: argparse.Namespace):
+    """The ChosenReceipt of add_receipt_args' flags."""
+    from k3infra.receipt import receipt_named, stack_receipt
+
+    if getattr(args, "receipt", None):
+        return receipt_named(args.receipt)
+    if getattr(args, "stack", None):
+        return stack_receipt_of(args.stack)
+    return stack_receipt(None)
+
+
+def add_fetch_parser(sub, what: str, image_default: str, func):
     """`fetch`: copy a client Job's run directory off its volume (bench and accuracy)."""
     from k3infra.naming import PROGRAM_INSTANCE
 
@@ -47,6 +84,7 @@ def add_fetch_parser(sub, what: str, image_default: str, func) -> None:
     fe.add_argument("--run", help="a run id (default: the latest complete run)")
     fe.add_argument("--image", help=f"image for the short-lived reader pod (default: {image_default})")
     fe.set_defaults(func=func)
+    return fe
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

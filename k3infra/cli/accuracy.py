@@ -9,7 +9,7 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
-from k3infra.cli import UsageError, add_fetch_parser, flags
+from k3infra.cli import UsageError, add_fetch_parser, add_receipt_args, flags, receipt_of
 
 
 def _defaults():
@@ -48,7 +48,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     cmp = sub.add_parser("compare", help="judge a run against the receipt's accuracy baseline")
     cmp.add_argument("result", type=Path, metavar="RUN_DIR",
                      help="a run directory (scores.json, SHA256SUMS)")
-    cmp.add_argument("--receipt", help="the receipt holding the baseline (default: $K3INFRA_RECEIPT, else the shipped one)")
+    add_receipt_args(cmp)      # the receipt holding the baseline
     cmp.add_argument("--accept", action="store_true",
                      help="no baseline yet: write this run into a copy of the receipt (--out)")
     cmp.add_argument("--out", type=flags.output_file, help="the receipt YAML --accept writes")
@@ -130,7 +130,8 @@ def _compare(args: argparse.Namespace) -> int:
         run = load_run(args.result)
     except RunError as exc:
         raise UsageError(str(exc)) from None
-    receipt = load_receipt(args.receipt)
+    chosen = receipt_of(args)
+    receipt = chosen.receipt
     if receipt.accuracy is None:
         if not args.accept:
             console.print(f"receipt {receipt.id} has no accuracy baseline: accept this run "
@@ -138,7 +139,7 @@ def _compare(args: argparse.Namespace) -> int:
             return EXIT_OUTSIDE
         if not args.out:
             raise UsageError("--accept needs --out: the receipt copy to write")
-        written = write_baseline(args.receipt, baseline_section(run, receipt), args.out)
+        written = write_baseline(chosen.path, baseline_section(run, receipt), args.out)
         console.print(f"accepted run {run.run_id} as receipt {receipt.id}'s accuracy "
                       f"baseline (smoke test): wrote {written}")
         receipt = load_receipt(str(written))
@@ -162,7 +163,7 @@ def _compare(args: argparse.Namespace) -> int:
     return status
 
 
-def write_baseline(base: str | None, section: dict, out: Path) -> Path:
+def write_baseline(base: Path, section: dict, out: Path) -> Path:
     """The base receipt's text with an `accuracy:` section appended (comments kept),
     validated by loading it back before it is left in place."""
     import tempfile
@@ -171,9 +172,9 @@ def write_baseline(base: str | None, section: dict, out: Path) -> Path:
 
     from k3infra.fileformats import read_text
     from k3infra.podcommon import atomic_write_text
-    from k3infra.receipt import chosen_receipt_path, load_receipt
+    from k3infra.receipt import load_receipt
 
-    text = read_text(base or chosen_receipt_path(), "receipt")     # the one bounded reader
+    text = read_text(base, "receipt")     # the one bounded reader
     text = (text.rstrip("\n") + "\n# The first accepted accuracy smoke test "
             "(k3infra accuracy compare --accept): a smoke test, not a benchmark claim.\n"
             + yaml.safe_dump({"accuracy": section}, sort_keys=False, width=100))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3infra.cli import UsageError, add_fetch_parser, flags
+from k3infra.cli import UsageError, add_fetch_parser, add_receipt_args, flags, receipt_of
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                           "(default: k3:benchmark.tolerancePct's default, 10; bounded like it)")
     cmp.add_argument("--plot", type=flags.figure_file, metavar="FILE.png",
                      help="draw per-request latencies against the receipt's p50/p99")
-    cmp.add_argument("--receipt", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
+    add_receipt_args(cmp)
     cmp.add_argument("--topology", choices=("single-node", "multi-node"),
                      help="the serving topology of files that do not record it (k3_topology); "
                           "multi-node marks the comparison cross-topology")
@@ -32,7 +32,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--out", required=True, type=flags.output_file,
                      help="the receipt YAML to write (and <out>.sha256 beside it)")
     rec.add_argument("--id", required=True, help="the new receipt's id (lowercase, digits, . -)")
-    rec.add_argument("--base", help="the receipt to start from (default: $K3INFRA_RECEIPT, else the shipped one)")
+    base = rec.add_mutually_exclusive_group()
+    base.add_argument("--base", metavar="ID|FILE",
+                      help="the receipt to start from: a shipped id or a file, such as the "
+                           "candidate the run measured (default: the shipped default)")
+    base.add_argument("--stack", metavar="NAME",
+                      help="start from the receipt stacks/Pulumi.<NAME>.yaml names (k3:receipt)")
     rec.add_argument("--statefulset", type=Path,
                      help="the serving StatefulSet as deployed (kubectl get sts -o json): "
                           "its vllm serve flags and env become the receipt's")
@@ -64,6 +69,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     pr.add_argument("--concurrencies", type=_concurrencies,
                     help="comma-separated (default: the receipt's; bounded like "
                          "k3:benchmark.concurrencies)")
+    add_receipt_args(pr)
     pr.set_defaults(func=_prompts)
 
     co = sub.add_parser("cost", help="USD per million tokens at each measured concurrency")
@@ -78,7 +84,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                     help="draw USD per million tokens against concurrency")
     co.set_defaults(func=_cost)
 
-    add_fetch_parser(sub, "benchmark Job", "the benchmark Job's own image", _fetch)
+    fe = add_fetch_parser(sub, "benchmark Job", "the benchmark Job's own image", _fetch)
+    fe.add_argument("--gate", action="store_true",
+                    help="the rollout gate's Job instead (the canary's run, k3:rollout.gate)")
 
 
 # Flags bounded exactly like the stack keys they mirror (k3infra.cli.flags).
@@ -110,9 +118,8 @@ def _tolerance(value) -> float:
 def _compare(args: argparse.Namespace) -> int:
     from k3infra.bench.compare import compare_results
     from k3infra.bench.report import print_comparison
-    from k3infra.receipt import load_receipt
 
-    receipt = load_receipt(args.receipt)
+    receipt = receipt_of(args).receipt
     results = _load(args.results)
     cmp = compare_results(results, receipt, _tolerance(args.tolerance_pct), args.topology)
     print_comparison(cmp, receipt)
@@ -145,8 +152,9 @@ def _receipt(args: argparse.Namespace) -> int:
     from k3infra.bench.receipt_writer import (ReceiptInputs, ReceiptWriteError, StatefulSetFile,
                                               write_receipt)
     from k3infra.display import console
+    from k3infra.cli import stack_receipt_of
     from k3infra.fileformats import FileFormatError, load_json
-    from k3infra.receipt import load_receipt
+    from k3infra.receipt import receipt_named, stack_receipt
     from k3infra.weights import tree
 
     results = _load(args.results)
@@ -162,7 +170,9 @@ def _receipt(args: argparse.Namespace) -> int:
         if args.lock:
             lock, _sha = tree.load_lock(str(args.lock))      # the one lock reader
             inputs = inputs.with_lock(lock)
-        written = write_receipt(load_receipt(args.base), results, inputs, args.out)
+        base = (receipt_named(args.base, "--base") if args.base else
+                stack_receipt_of(args.stack) if args.stack else stack_receipt(None))
+        written = write_receipt(base.receipt, results, inputs, args.out)
     except (ReceiptWriteError, FileFormatError, tree.LockError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:               # the one output writer's refusal
@@ -175,12 +185,11 @@ def _receipt(args: argparse.Namespace) -> int:
 
 def _prompts(args: argparse.Namespace) -> int:
     from k3infra.bench import workload
-    from k3infra.receipt import load_receipt
 
-    w = load_receipt().workload_a
+    receipt = receipt_of(args).receipt
+    w = receipt.workload_a
     concurrencies = args.concurrencies or ",".join(str(c) for c in w.concurrencies)
-    block = next((a.value for a in load_receipt().serve.engine_args if a.flag == "--block-size"),
-                 None)
+    block = next((a.value for a in receipt.serve.engine_args if a.flag == "--block-size"), None)
     argv = ["--tokenizer", args.tokenizer, "--corpus", args.corpus, "--out", str(args.out),
             "--seed", str(args.seed), "--run-id", args.run_id, "--runs", str(args.runs),
             "--concurrencies", concurrencies, "--warmups", str(w.warmup_requests),
@@ -196,11 +205,14 @@ def _fetch(args: argparse.Namespace) -> int:
 
     from k3infra.bench.fetch import FetchError, fetch_results
     from k3infra.live.cluster import ClusterError, KubeCluster, connect
+    from k3infra.serving.rollout import GATE_SELECTOR
 
     try:
         cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         run_dir = fetch_results(cluster, args.namespace, args.out, image=args.image,
-                                run_id=args.run or "")
+                                run_id=args.run or "",
+                                **({"job_selector": GATE_SELECTOR, "enabled_by": "k3:rollout.gate"}
+                                   if args.gate else {}))
     except (ClusterError, FetchError) as exc:
         raise UsageError(str(exc)) from None
     files = [p for p in run_dir.rglob("*") if p.is_file()]

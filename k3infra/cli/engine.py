@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from k3infra.cli import add_receipt_args
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="engine_command", required=True)
@@ -12,6 +14,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     args.add_argument("--memory-gi", type=int, default=None, help="build node memory, GiB")
     args.add_argument("--format", choices=("docker", "env", "json"), default="docker",
                       help="docker: --build-arg K=V lines; env: K=V lines; json")
+    add_receipt_args(args)
     args.set_defaults(func=_build_args)
     plan = sub.add_parser("plan", help="the engine a stack file resolves to")
     plan.add_argument("--stack", required=True, help="stacks/Pulumi.<stack>.yaml")
@@ -27,7 +30,7 @@ def _build_args(a: argparse.Namespace) -> int:
     from k3infra.cli import UsageError
     from k3infra.config import ConfigError, EngineConfig, StackConfig
     from k3infra.engine.plan import build_args
-    from k3infra.receipt import load_receipt
+    from k3infra.cli import receipt_of
 
     engine = {}
     if a.cpu is not None:
@@ -36,7 +39,7 @@ def _build_args(a: argparse.Namespace) -> int:
         engine["buildMemoryGi"] = a.memory_gi
     try:
         cfg = StackConfig.model_construct(engine=EngineConfig.model_validate(engine))
-        values = build_args(load_receipt(), cfg)
+        values = build_args(receipt_of(a).receipt, cfg)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     except ValidationError as exc:      # --cpu / --memory-gi out of range
@@ -56,15 +59,15 @@ def _plan(a: argparse.Namespace) -> int:
     from rich.table import Table
 
     from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
     from k3infra.display import console, styled
     from k3infra.engine.plan import resolve_engine
-    from k3infra.receipt import load_receipt
     from k3infra.render import load_config, project_root
 
     try:
-        raw, secrets = load_config(a.stack, a.config, project_root())
-        receipt = load_receipt()
+        root = project_root()
+        raw, secrets = load_config(a.stack, a.config, root)
+        receipt = chosen_receipt(raw, root).receipt       # the stack's own (k3:receipt)
         plan = resolve_engine(receipt, parse_stack_config(raw, tuple(secrets), receipt=receipt))
     except (ConfigError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None

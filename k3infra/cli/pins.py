@@ -36,10 +36,9 @@ def _pins(args: argparse.Namespace) -> int:
 
     import k3infra.pins as p
     from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, parse_stack_config
+    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
     from k3infra.config.stackfile import STACK_DIR, stack_file
     from k3infra.display import console as literal_console, styled
-    from k3infra.receipt import load_receipt
     from k3infra.render import load_config, project_root
 
     console = literal_console()
@@ -47,9 +46,9 @@ def _pins(args: argparse.Namespace) -> int:
     path = stack_file(args.stack, root)
     if not path.is_file():
         raise UsageError(f"--stack {args.stack}: no {path}")
-    receipt = load_receipt()
     try:
         raw, secrets = load_config(args.stack, [], root)   # as `render` reads it
+        receipt = chosen_receipt(raw, root).receipt        # the stack's own (k3:receipt)
         cfg = parse_stack_config(raw, tuple(secrets), receipt=receipt)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -40,7 +40,7 @@ def _render(args: argparse.Namespace) -> int:
     from k3infra.display import console as literal_console, styled
     from k3infra.hbm import HbmError
     from k3infra.render import project_root, render_stack, write_render
-    from k3infra.receipt import load_receipt
+    from k3infra.receipt import ReceiptError
     from k3infra.summary import summary_rows
 
     console = literal_console()
@@ -48,7 +48,7 @@ def _render(args: argparse.Namespace) -> int:
         root = project_root()
         args.out = args.out or root / "build" / "render" / args.stack
         render = render_stack(args.stack, args.config, root)
-    except (ConfigError, HbmError, FileNotFoundError) as exc:
+    except (ConfigError, HbmError, FileNotFoundError, ReceiptError) as exc:
         raise UsageError(str(exc)) from None
     except Exception as exc:  # the program's own refusal, surfaced by the mock runtime
         cause = _root_cause(exc)
@@ -56,7 +56,7 @@ def _render(args: argparse.Namespace) -> int:
             raise UsageError(str(cause)) from None
         raise
     written = write_render(render, args.out)
-    receipt = load_receipt()
+    receipt = render.receipt.receipt
     cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys), receipt=receipt)
 
     if args.show is not None:
@@ -120,7 +120,7 @@ def _render_host(console, args, render, cfg, receipt, root) -> int:
     instance = report.rendered_instance(render)
     for key, value in summary_rows(cfg, render, receipt,
                                    serve_line=report.rendered_serve_line(render, instance)):
-        if key not in ("placement", "weights storage"):
+        if key not in ("placement", "rollout", "weights storage"):
             table.add_row(key, value)
     table.add_row("endpoint", str(render.outputs.get("endpoint")))
     console.print(table)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from k3infra.naming import PROGRAM_INSTANCE
-from k3infra.cli import UsageError, add_cluster_args
+from k3infra.cli import UsageError, add_cluster_args, add_receipt_args, receipt_of
 from k3infra.cli.bench import tolerance_pct
 
 
@@ -28,7 +28,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "<instance>-vllm container is read (default: the stack "
                              "program's instance, kimi-k3)")
     add_cluster_args(parser)
-    parser.add_argument("--receipt", help="another receipt file of the same schema (default: $K3INFRA_RECEIPT, else the shipped one)")
+    add_receipt_args(parser)
     parser.add_argument("--engine-image", help="the image you expect (repo@sha256:...)")
     parser.add_argument("--lock", type=Path,
                         help="the weights lock file (default: the lock on the weights volume)")
@@ -145,9 +145,7 @@ def print_rows(rows, console=None) -> None:
 def _verify(args: argparse.Namespace) -> int:
     from k3infra.live.cluster import ClusterError, KubeCluster, connect
     from k3infra.cli.bench import _tolerance
-    from k3infra.receipt import load_receipt
-
-    receipt = load_receipt(args.receipt)
+    receipt = receipt_of(args).receipt
     lock = None
     if args.lock:
         from k3infra.weights import tree

@@ -207,8 +207,7 @@ def _from_stack(args: argparse.Namespace) -> None:
     """--stack NAME: the store, revision and lock the stack's prefetch will read, so the
     mirror fills exactly what the stack pins (the stack file read as `render` reads it)."""
     from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, parse_stack_config
-    from k3infra.receipt import load_receipt
+    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
     from k3infra.render import load_config, project_root
 
     given = [f for f, v in (("--to", args.to), ("--endpoint", args.endpoint), ("--region", args.region),
@@ -218,10 +217,10 @@ def _from_stack(args: argparse.Namespace) -> None:
     if given:
         raise UsageError(f"--stack {args.stack} takes the store, revision and lock from the stack: "
                          f"drop {', '.join(given)} (or override keys with --config)")
-    receipt = load_receipt()
     root = project_root()
     try:
         raw, secrets = load_config(args.stack, args.config, root)
+        receipt = chosen_receipt(raw, root).receipt       # the stack's own (k3:receipt)
         cfg = parse_stack_config(raw, tuple(secrets), receipt=receipt)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None

@@ -54,6 +54,7 @@ from k3infra.config.models import (
     SECRET_KEYS,
     StackConfig)
 from k3infra.config.parse import (
+    chosen_receipt,
     decode_value,
     parse_stack_config)
 from k3infra.config.stackfile import (
@@ -100,6 +101,7 @@ __all__ = [
     "AutoscalingConfig",
     "EPP_IMAGE",
     "StackConfig",
+    "chosen_receipt",
     "decode_value",
     "parse_stack_config",
     "STACK_DIR",

@@ -25,6 +25,11 @@ DomainLabel, _ = pattern(LABEL_KEY_REGEX, "a node label key naming the node's NV
                          "as nvidia.com/gpu.clique (set by GPU feature discovery on multi-node "
                          "NVLink trays)", 317)
 
+# k3:receipt: a shipped receipt's id or a project-relative .yaml path (the rest of its
+# rules, and the file it names: k3infra.receipt.named_receipt_path).
+ReceiptName, _ = pattern(r"[A-Za-z0-9][A-Za-z0-9._/-]*", "a shipped receipt's id (k3infra receipt "
+                         "list) or a .yaml file inside the Pulumi project", 255)
+
 # The accuracy smoke test's image (k3:accuracy.image): yours, built with lm-eval and the
 # task datasets; the all-zero digest is a placeholder `pulumi up` refuses.
 ACCURACY_IMAGE = "k3infra-accuracy:lm-eval-0.4.13@sha256:" + "0" * 64
@@ -975,6 +980,22 @@ class GatewayConfig(_Section):
         return v
 
 
+class RolloutConfig(_Section):
+    """How a change that replaces serving pods reaches them (k3:rollout): one canary
+    replica first, benchmarked alone against the stack's receipt, the rest only if it
+    passes (k3infra/serving/rollout.py, docs/receipts.md)."""
+
+    page = "receipts.md"
+
+    gate: Optional[bool] = Field(
+        default=None,
+        description="gate every change of the serving pods' template (a new receipt, engine, "
+                    "flag, runtime) on a benchmark of one canary replica against the stack's "
+                    "receipt: `true` with one replica benchmarks it after the roll (no spare "
+                    "replica to hold the old one) and fails loudly; `false` rolls ungated",
+        json_schema_extra=unset("on with 2 or more replicas of one node each, off otherwise"))
+
+
 class AutoscalingConfig(_Section):
     """Scaling the serving StatefulSet on queue depth (k3:autoscaling): a KEDA
     ScaledObject on vllm:num_requests_waiting (k3infra/operations/autoscaling.py). One
@@ -1084,6 +1105,17 @@ class MultiNodeConfig(_Section):
 class StackConfig(_Section):
     """All `k3:*` keys. Field aliases are the config key names."""
 
+    # A plain value: it decides every pin the stack runs and is judged against (resolved
+    # before the rest is parsed, k3infra.config.parse.chosen_receipt).
+    receipt: Optional[ReceiptName] = Field(
+        default=None,
+        description="the receipt the stack runs and is judged against: a shipped receipt's id "
+                    "(`k3infra receipt list`) or a `.yaml` file inside the Pulumi project "
+                    "(`receipts/mine.yaml`); its sha256 is recorded on the workloads and in "
+                    "the `receipt` stack output. A change replaces the serving pods where the "
+                    "engine, its flags or env change ([receipts](receipts.md))",
+        json_schema_extra=unset("`kimi-k3-8xb300-2026-07-29`, the measured receipt"))
+
     weights_revision: HubCommit = Field(
         alias="weightsRevision",
         description="the commit of `moonshotai/Kimi-K3` on the Hub that every copy of the "
@@ -1182,6 +1214,10 @@ class StackConfig(_Section):
         default_factory=GatewayConfig,
         description="the inference gateway (InferencePool, endpoint picker, Gateway, "
                     "HTTPRoute, key policy)")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="the benchmark gate a change of the serving pods passes before it reaches "
+                    "every replica")
     autoscaling: AutoscalingConfig = Field(
         default_factory=AutoscalingConfig,
         description="KEDA on `vllm:num_requests_waiting`, `min`..`max` 8-GPU nodes")

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from k3infra.config.base import CONFIG_NAMESPACE, SECRET_PLACEHOLDER, ConfigError, Secret
 from k3infra.config.models import SECRET_KEYS, StackConfig
 from k3infra.fieldtypes import CREDENTIALS_IN_URL, string_problem, url_credentials
-from k3infra.receipt import Receipt
+from k3infra.receipt import ChosenReceipt, Receipt, stack_receipt
 
 # Past these a value is not a configuration: refused before pydantic sees it (a JSON
 # `--config` or stack file value can nest or repeat without bound).
@@ -115,6 +115,17 @@ def check_values(key: str, value: Any, depth: int = 0) -> None:
                           "must be a string, number, boolean, list or object")
 
 
+def chosen_receipt(raw: dict[str, Any], root=None) -> ChosenReceipt:
+    """The receipt the `k3:*` keys in `raw` name (k3:receipt), resolved in the project at
+    `root`: read before the rest of the config, which is judged against it. A bad name or
+    file raises ReceiptError, one line naming the key or the file."""
+    name = raw.get(f"{CONFIG_NAMESPACE}:receipt", raw.get("receipt"))
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"{CONFIG_NAMESPACE}:receipt", name,
+                          "a shipped receipt's id or a .yaml file inside the Pulumi project")
+    return stack_receipt(name, root)
+
+
 def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *,
                        receipt: Receipt) -> StackConfig:
     """Validate `k3:*` keys (full `k3:name` or bare `name`) into a StackConfig, against
@@ -159,11 +170,17 @@ def parse_stack_config(raw: dict[str, Any], secret_keys: tuple[str, ...] = (), *
     return cfg
 
 
-def _engine_build(cfg: StackConfig) -> str:
+def _engine_build(cfg: StackConfig, receipt: Receipt) -> str:
     """k3:engine.build when unset: run the image given, or build the receipt's engine in
     the cluster. What cannot be derived is refused here, naming k3:engineImage."""
     if cfg.engine_image is not None:
         return "prebuilt"
+    if receipt.engine.image is not None:
+        raise ConfigError("k3:engineImage", None,
+                          f"is required with receipt {receipt.id}: its engine is the released "
+                          f"image {receipt.engine.image}, run by digest ({receipt.engine.image}"
+                          "@sha256:<64 hex>; `k3infra pins --stack <stack> --write` resolves "
+                          "the tag); nothing is built")
     if cfg.profile == "upstream":
         raise ConfigError("k3:engineImage", None,
                           "is required with k3:profile = upstream: a released vLLM image "
@@ -185,13 +202,31 @@ def _engine_build(cfg: StackConfig) -> str:
 def _receipt_defaults(cfg: StackConfig, receipt: Receipt) -> StackConfig:
     update: dict[str, Any] = {}
     if cfg.engine.build is None:
-        update["engine"] = cfg.engine.model_copy(update={"build": _engine_build(cfg)})
+        update["engine"] = cfg.engine.model_copy(update={"build": _engine_build(cfg, receipt)})
     if cfg.gpu_product is None:
         update["gpu_product"] = receipt.hardware.gpu_product_label
     if cfg.benchmark.concurrencies is None:
         update["benchmark"] = cfg.benchmark.model_copy(
             update={"concurrencies": list(receipt.workload_a.concurrencies)})
     return cfg.model_copy(update=update) if update else cfg
+
+
+def _check_rollout(cfg: StackConfig) -> None:
+    """The gate owns the partition (k3infra/serving/rollout.py): refused where it cannot."""
+    if cfg.rollout.gate is not True:
+        return
+    for key, value, why in (
+            ("k3:topology", cfg.topology, cfg.topology == "multi-node",),
+            ("k3:autoscaling.enabled", True, cfg.autoscaling.enabled),
+            ("k3:serving.updateStrategy", cfg.serving.update_strategy,
+             cfg.serving.update_strategy != "RollingUpdate"),
+            ("k3:serving.updatePartition", cfg.serving.update_partition,
+             cfg.serving.update_partition != 0)):
+        if why:
+            raise ConfigError("k3:rollout.gate", True,
+                              f"cannot gate with {key} = {value}: the gate holds one canary "
+                              "replica of one StatefulSet with its partition (RollingUpdate, "
+                              "a fixed k3:replicas, one node per replica); unset one of the two")
 
 
 def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
@@ -213,6 +248,7 @@ def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
                           f"must be at most {NODE_LOCAL_MAX_REPLICAS} with k3:weights.mode = "
                           "node-local: each replica's node holds its own copy, filled through "
                           "the fan-out, and a node pool holds at most that many nodes")
+    _check_rollout(cfg)
     if cfg.serving.update_partition > cfg.replicas:
         raise ConfigError("k3:serving.updatePartition", cfg.serving.update_partition,
                           f"must be at most k3:replicas ({cfg.replicas}); equal holds every pod")

@@ -187,7 +187,7 @@ class EngineBuild(pulumi.ComponentResource):
         plan = resolve_engine(receipt, cfg)
         self.offline_render = bool(args.get("offlineRender"))
         if not args.get("gatesEnforced"):
-            enforce(engine_gates(cfg), self.offline_render)
+            enforce(engine_gates(receipt, cfg), self.offline_render)
         found = engine_recipe(plan, cfg, args.get("recipeDir"))
         recipe, self._recipe_files = found if found is not None else (None, {})
         enforce(lock_gates(recipe), self.offline_render)

@@ -13,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from k3infra.config import ConfigError, StackConfig
 from k3infra.gates import Gate, is_placeholder
-from k3infra.receipt import Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt, image_repository
 
 # First vLLM release that supports Kimi K3 natively and accepts every receipt flag
 # (shared/K3_FACTS.md, "Engine facts"). It is a different engine from the receipt's:
@@ -137,6 +137,9 @@ def default_tag(receipt: Receipt, cuda_version: str = RECIPE_CUDA_VERSION) -> st
 def build_args(receipt: Receipt, cfg: StackConfig) -> dict[str, str]:
     """The Dockerfile's build arguments, all from the receipt and the build node size."""
     e = receipt.engine
+    if e.commit is None:
+        raise ConfigError("k3:receipt", receipt.id, f"its engine is the released image {e.image}: "
+                          "nothing to build (k3:engine.build prebuilt, k3:engineImage by digest)")
     jobs, threads = build_parallelism(cfg.engine.build_cpu, cfg.engine.build_memory_gi,
                                       cfg.engine.nvcc_threads, cfg.engine.max_jobs)
     try:
@@ -205,9 +208,36 @@ def build_namespace(cfg: StackConfig) -> str:
     return ns
 
 
+def _check_released(receipt: Receipt, cfg: StackConfig) -> None:
+    """A receipt whose engine is a released image: the stack pins that image by digest
+    (k3:engineImage, prebuilt); nothing is built."""
+    e = receipt.engine
+    how = (f"its engine is the released image {e.image}, run by digest: "
+           f"{e.image}@sha256:<digest> (`k3infra pins --stack <stack> --write` resolves "
+           "the tag)")
+    if cfg.engine.build != "prebuilt" or cfg.engine_image is None:
+        raise ConfigError("k3:engineImage", cfg.engine_image,
+                          f"is required with receipt {receipt.id} and k3:engine.build prebuilt: "
+                          f"{how}; nothing is built")
+    if cfg.profile != "custom" and image_repository(cfg.engine_image) != e.image_repository:
+        raise ConfigError("k3:engineImage", cfg.engine_image,
+                          f"must be of the receipt's repository {e.image_repository} "
+                          f"(receipt {receipt.id}: {how}); another image needs k3:profile custom")
+    if cfg.engine.commit is not None:
+        raise ConfigError("k3:engine.commit", cfg.engine.commit,
+                          f"is not accepted with receipt {receipt.id}: {how}")
+    measured = e.image.rpartition("@")[2] if "@" in e.image else None
+    if measured and cfg.profile == "measured" and cfg.engine_image.rpartition("@")[2] != measured:
+        raise ConfigError("k3:engineImage", cfg.engine_image,
+                          f"must be the image receipt {receipt.id} measured, {e.image}: another "
+                          "digest is another engine (k3:profile custom, or a receipt of it)")
+
+
 def _check(receipt: Receipt, cfg: StackConfig) -> None:
     """Engine keys that only make sense together; refused before anything is created."""
     eng = cfg.engine
+    if receipt.engine.image is not None and cfg.profile != "upstream":
+        _check_released(receipt, cfg)
     if eng.build != "prebuilt" and cfg.engine_image is not None:
         raise ConfigError("k3:engineImage", cfg.engine_image,
                           f"is only used with k3:engine.build = prebuilt; with {eng.build} the "
@@ -270,7 +300,8 @@ def _check(receipt: Receipt, cfg: StackConfig) -> None:
     if eng.upstream_version is not None and cfg.profile != "upstream":
         raise ConfigError("k3:engine.upstreamVersion", eng.upstream_version,
                           "is only accepted with k3:profile = upstream")
-    if eng.commit is not None and not eng.commit.startswith(receipt.engine.commit):
+    if (eng.commit is not None and receipt.engine.commit is not None
+            and not eng.commit.startswith(receipt.engine.commit)):
         raise ConfigError("k3:engine.commit", eng.commit,
                           f"must start with the receipt's engine commit {receipt.engine.commit}: "
                           "any other commit is not the measured engine")
@@ -298,16 +329,21 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
             label=f"upstream: {release}, {NOT_MEASURED} (receipt {receipt.id} ran {e.version})",
             engine_version=version, engine_commit=None, image=cfg.engine_image)
 
-    measured = cfg.profile == "measured"
+    measured = cfg.profile == "measured" and not receipt.is_candidate
     # A released engine (PR 0) or one built whole says nothing of a PR or an exclusion.
     notes = ([f"PR {e.pull_request}"] if e.pull_request else []) + \
         ([f"without {', '.join(e.build_exclusions)}"] if e.build_exclusions else [])
-    engine = f"vLLM {e.version} @ {e.commit}" + (f" ({', '.join(notes)})" if notes else "")
-    how = {"prebuilt": "prebuilt image, audit its labels",
+    engine = e.describe() + (f" ({', '.join(notes)})" if notes else "")
+    how = {"prebuilt": ("the released image by digest" if e.image else
+                        "prebuilt image, audit its labels"),
            "in-cluster": "built in-cluster by BuildKit",
            "local": "built on the operator's machine"}[eng.build]
-    label = (f"measured: {engine}, {how}" if measured else
-             f"custom: {engine} with engine-path changes, not the measured configuration; {how}")
+    if cfg.profile == "custom":
+        label = f"custom: {engine} with engine-path changes, not the measured configuration; {how}"
+    elif receipt.is_candidate:
+        label = f"candidate ({NOTHING_MEASURED}): {engine}, receipt {receipt.id}; {how}"
+    else:
+        label = f"measured: {engine}, {how}"
     if eng.build == "prebuilt":
         return EnginePlan(mode="prebuilt", profile=cfg.profile, measured=measured, label=label,
                           engine_version=e.version, engine_commit=eng.commit or e.commit,
@@ -318,15 +354,13 @@ def resolve_engine(receipt: Receipt, cfg: StackConfig) -> EnginePlan:
                       build_args=build_args(receipt, cfg), cache_repository=eng.cache_registry)
 
 
-def engine_gates(cfg: StackConfig) -> list[Gate]:
+def engine_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
     """Placeholders an in-cluster build must not run with: warned in a render or preview,
     refused by `pulumi up` (k3infra.gates.enforce)."""
     eng = cfg.engine
     found = []
     if eng.build != "prebuilt" and eng.commit is None:
-        from k3infra.receipt import load_receipt
-
-        e = load_receipt().engine
+        e = receipt.engine
         found.append(Gate("k3:engine.commit",
                           f"unset: a build takes only the full 40-hex engine commit, never the "
                           f"receipt's prefix {e.commit} (resolve it once: python3 "

@@ -84,7 +84,7 @@ class K3HostStack(pulumi.ComponentResource):
         hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
         lock = load_stack_lock(receipt, cfg)
         resolve_engine(receipt, cfg)
-        gates.enforce(gates.deployment_gates(receipt, cfg) + engine_gates(cfg), offline_render)
+        gates.enforce(gates.deployment_gates(receipt, cfg) + engine_gates(receipt, cfg), offline_render)
         self.preflight = run_host_preflight(cfg, receipt, lock.total_bytes if lock else None)
         if cfg.host.publish_all_interfaces:
             pulumi.log.warn(f"k3:host.publishAllInterfaces: the API is published on every "
@@ -148,6 +148,7 @@ class K3HostStack(pulumi.ComponentResource):
         self.license_name = pulumi.Output.from_input(receipt.license.name)
         self.image_ref = pulumi.Output.from_input(image)
         self.receipt_id = pulumi.Output.from_input(receipt.id)
+        self.receipt = pulumi.Output.from_input(receipt.identity())
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
         self.register_outputs(self.outputs())
 
@@ -211,5 +212,5 @@ class K3HostStack(pulumi.ComponentResource):
         return {"endpoint": self.endpoint, "imageDigest": self.image_digest,
                 "weightsRevision": self.weights_revision, "treeDigest": self.tree_digest,
                 "profile": self.profile, "licenseName": self.license_name,
-                "image": self.image_ref, "receiptId": self.receipt_id,
+                "image": self.image_ref, "receiptId": self.receipt_id, "receipt": self.receipt,
                 "servedModelName": self.served_model_name}

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from k3infra.fieldtypes import DIGEST_IMAGE as DIGEST_IMAGE_TYPE
 from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
-from k3infra.receipt import Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt, image_repository
+from k3infra.serving.manifests import RECEIPT_SHA_ANNOTATION
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv  # noqa: F401
 
 if TYPE_CHECKING:                     # a type only: drift compares, bench computes
@@ -57,9 +58,14 @@ def statefulset_drift(sts: dict, receipt: Receipt,
     ann = meta.get("annotations") or {}
     _row(out, area, "receipt annotation", receipt.id, ann.get("k3infra.dev/receipt"),
          ann.get("k3infra.dev/receipt") == receipt.id)
-    _row(out, area, "engine commit annotation", receipt.engine.commit,
-         ann.get("k3infra.dev/engine-commit"),
-         receipt.engine.is_commit(ann.get("k3infra.dev/engine-commit")))
+    sha = ann.get(RECEIPT_SHA_ANNOTATION)
+    _row(out, area, "receipt content (sha256)", receipt.sha256()[:16], (sha or "none")[:16],
+         sha == receipt.sha256())
+    if receipt.engine.commit is not None:
+        _row(out, area, "engine commit annotation", receipt.engine.commit,
+             ann.get("k3infra.dev/engine-commit"),
+             receipt.engine.is_commit(ann.get("k3infra.dev/engine-commit")))
+
     _row(out, area, "profile", "measured", ann.get("k3infra.dev/profile"),
          ann.get("k3infra.dev/profile") == "measured")
 
@@ -75,6 +81,9 @@ def statefulset_drift(sts: dict, receipt: Receipt,
          DIGEST_IMAGE.match(image))
     if expected_image:
         _row(out, area, "image", expected_image, image, image == expected_image)
+    if receipt.engine.image is not None:      # a released engine: its repository, by digest
+        _row(out, area, "engine image repository", receipt.engine.image_repository,
+             image_repository(image), image_repository(image) == receipt.engine.image_repository)
 
     model, flags = parse_serve(serve_argv(c))
     engine = _engine_flags(receipt)
@@ -230,6 +239,9 @@ def benchmark_drift(cmp: Optional["Comparison"], why_missing: str = "") -> list[
              f"{r.receipt_ms:.0f} ms +-{cmp.tolerance_pct:g} %",
              f"{r.measured_ms:.0f} ms" + ("" if delta is None else f" ({delta:+.1f} %)"),
              verdict == "pass")
-    if not cmp.judged and not cmp.mismatches:
+    if cmp.candidate:
+        _row(out, area, "receipt figures", f"receipt {cmp.candidate} measured",
+             f"a candidate: {NOTHING_MEASURED}", False)
+    elif not cmp.judged and not cmp.mismatches:
         _row(out, area, "compared points", "a concurrency the receipt measured", "none", False)
     return out

@@ -19,7 +19,7 @@ from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
 from k3infra.operations.monitoring import VLLM_CONTAINER, reference_latency
-from k3infra.receipt import Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt
 
 UID = "kimi-k3-vllm"
 FILE_NAME = f"{UID}.json"
@@ -72,6 +72,8 @@ def _reference_style(legend: str) -> dict:
 
 def reference_legends(receipt: Receipt) -> dict[str, str]:
     ref = reference_latency(receipt)
+    if ref is None:          # a candidate: nothing measured yet, no reference lines
+        return {}
     where = f"receipt {receipt.id}, concurrency {ref.concurrency}, workload A"
     return {"p50": f"receipt p50 ({where})", "p99": f"receipt p99 ({where})"}
 
@@ -130,7 +132,11 @@ def dashboard(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) 
                f"Dashed: what receipt {receipt.id} measured at concurrency {ref.concurrency} on "
                f"workload A ({workload.description}, at most {workload.output_tokens_max} output "
                "tokens). Other traffic has other latencies.",
-               overrides=[_reference_style(legends["p50"]), _reference_style(legends["p99"])]),
+               overrides=[_reference_style(legends["p50"]), _reference_style(legends["p99"])])
+        if ref is not None else
+        _panel("End-to-end request latency", _quantiles("vllm:e2e_request_latency_seconds"), "s",
+               f"Receipt {receipt.id} is a candidate: {NOTHING_MEASURED}, so no reference "
+               "lines."),
         _panel("Time to first token", _quantiles("vllm:time_to_first_token_seconds"), "s",
                "Prefill of ~35K-token prompts dominates TTFT for this model."),
         _panel("Inter-token latency", _quantiles("vllm:inter_token_latency_seconds"), "s"),

@@ -11,6 +11,8 @@ ServiceMonitor or PodMonitor attaches); kube-state-metrics series carry the pod'
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from k3infra import naming, topology
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
@@ -31,17 +33,21 @@ def metrics_service_name(names: naming.ServingNames) -> str:
     return f"{names.base}-metrics"
 
 
-def reference_latency(receipt: Receipt) -> Measurement:
+def reference_latency(receipt: Receipt) -> Optional[Measurement]:
     """The receipt's end-to-end latency at its highest measured concurrency: the
-    figure the p99 alert and the dashboard's reference lines use."""
+    figure the p99 alert and the dashboard's reference lines use. None for a candidate
+    (nothing measured yet: no alert against a figure nobody measured)."""
+    if receipt.is_candidate:
+        return None
     e2el = [x for x in receipt.measured if x.metric == "e2el"]
     if not e2el:
         raise ValueError(f"receipt {receipt.id} has no e2el measurement to alert against")
     return max(e2el, key=lambda x: x.concurrency)
 
 
-def p99_threshold_seconds(receipt: Receipt, cfg: StackConfig) -> float:
-    return reference_latency(receipt).p99_ms / 1000 * (1 + cfg.monitoring.p99_margin_pct / 100)
+def p99_threshold_seconds(receipt: Receipt, cfg: StackConfig) -> Optional[float]:
+    ref = reference_latency(receipt)
+    return None if ref is None else ref.p99_ms / 1000 * (1 + cfg.monitoring.p99_margin_pct / 100)
 
 
 def pod_regex(names: naming.ServingNames) -> str:
@@ -115,6 +121,22 @@ def _starting(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) ->
     return (f"(time() - {started}{selector(names, container=VLLM_CONTAINER)} < {budget})")
 
 
+def _p99_rule(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
+              ref: Measurement, p99_s: float) -> dict:
+    mon, sel, ns = cfg.monitoring, selector(names), names.namespace
+    return _rule("KimiK3P99LatencyAboveReceipt",
+                 f"histogram_quantile(0.99, sum by (namespace, le) (rate("
+                 f"{series('vllm:e2e_request_latency_seconds', 'bucket')}{sel}[{LATENCY_WINDOW}])))"
+                 f" > {p99_s:.3f}",
+                 "15m", "warning",
+                 f"p99 end-to-end latency in {ns} above the receipt's p99 + {mon.p99_margin_pct:g} %",
+                 f"Receipt {receipt.id} measured p99 {ref.p99_ms:g} ms (p50 {ref.p50_ms:g} ms) at "
+                 f"concurrency {ref.concurrency} on workload A ({receipt.workload_a.description}, "
+                 f"at most {receipt.workload_a.output_tokens_max} output tokens); the alert fires "
+                 f"above {p99_s:.3f} s. Other traffic has other latencies: set "
+                 "k3:monitoring.p99MarginPct for yours.")
+
+
 def alert_rules(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) -> list[dict]:
     mon = cfg.monitoring
     sel = selector(names)
@@ -171,17 +193,7 @@ def alert_rules(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) 
               "Waiting requests on {{ $labels.pod }} keep growing",
               "More requests arrive than the replica serves: add replicas (whole 8-GPU nodes) "
               "or shed load (k3:monitoring.waitingRequestsThreshold)."),
-        _rule("KimiK3P99LatencyAboveReceipt",
-              f"histogram_quantile(0.99, sum by (namespace, le) (rate("
-              f"{series('vllm:e2e_request_latency_seconds', 'bucket')}{sel}[{LATENCY_WINDOW}])))"
-              f" > {p99_s:.3f}",
-              "15m", "warning",
-              f"p99 end-to-end latency in {ns} above the receipt's p99 + {mon.p99_margin_pct:g} %",
-              f"Receipt {receipt.id} measured p99 {ref.p99_ms:g} ms (p50 {ref.p50_ms:g} ms) at "
-              f"concurrency {ref.concurrency} on workload A ({receipt.workload_a.description}, "
-              f"at most {receipt.workload_a.output_tokens_max} output tokens); the alert fires "
-              f"above {p99_s:.3f} s. Other traffic has other latencies: set "
-              "k3:monitoring.p99MarginPct for yours."),
+        *([] if ref is None else [_p99_rule(receipt, cfg, names, ref, p99_s)]),
         _rule("KimiK3Preempting",
               f"sum by (namespace, pod) (increase({series('vllm:num_preemptions')}{sel}"
               f"[{LATENCY_WINDOW}])) > 0",

@@ -55,7 +55,8 @@ from k3infra import naming, topology
 from k3infra.config import StackConfig
 from k3infra.naming import (ACCURACY_COMPONENT, BENCHMARK_COMPONENT,
                             BENCHMARK_READER_COMPONENT, EPP_COMPONENT, PREFETCH_COMPONENT,
-                            SOURCE_COMPONENT)
+                            ROLLOUT_GATE_COMPONENT, SOURCE_COMPONENT)
+from k3infra.serving.rollout import gated
 from k3infra.netpol import default_deny, dns_egress, gateway_proxy_peers, internet_peers
 from k3infra.netpol import namespace_peer as _namespace_peer
 from k3infra.weights import fanout
@@ -65,6 +66,7 @@ def policy_names(base: str) -> dict[str, str]:
     return {"default-deny": f"{base}-default-deny", "serving": f"{base}-serving", "prefetch": f"{base}-{PREFETCH_COMPONENT}",
             "source": f"{base}-{SOURCE_COMPONENT}",
             "benchmark": f"{base}-{BENCHMARK_COMPONENT}",
+            "gate": f"{base}-{ROLLOUT_GATE_COMPONENT}",
             "benchmark-reader": f"{base}-{BENCHMARK_READER_COMPONENT}",
             "accuracy": f"{base}-{ACCURACY_COMPONENT}",
             "clients": f"{base}-clients"}
@@ -89,6 +91,8 @@ def serving_ingress_peers(cfg: StackConfig, instance: str) -> list[dict]:
             peers.append({"podSelector": {"matchLabels": dict(net.allow_from_pod_labels)}})
     if cfg.benchmark.enabled:
         peers.append({"podSelector": component_selector(instance, BENCHMARK_COMPONENT)})
+    if gated(cfg):
+        peers.append({"podSelector": component_selector(instance, ROLLOUT_GATE_COMPONENT)})
     if cfg.accuracy.enabled:
         peers.append({"podSelector": component_selector(instance, ACCURACY_COMPONENT)})
     return peers
@@ -201,9 +205,12 @@ def benchmark_policies(cfg: StackConfig, names: naming.ServingNames, instance: s
     # The reader pod is started by the CLI, labelled by part-of and component only.
     reader = {"matchLabels": {"app.kubernetes.io/part-of": "k3infra",
                               "app.kubernetes.io/component": BENCHMARK_READER_COMPONENT}}
-    return [_policy(pols["benchmark"], names, instance,
-                    component_selector(instance, BENCHMARK_COMPONENT),
-                    [dns_egress(cfg), to_serving]),
+    # The benchmark's and the rollout gate's Jobs: DNS and the serving API port only.
+    jobs = [(pols[key], component) for key, component, on in (
+        ("benchmark", BENCHMARK_COMPONENT, cfg.benchmark.enabled),
+        ("gate", ROLLOUT_GATE_COMPONENT, gated(cfg))) if on]
+    return [*(_policy(name, names, instance, component_selector(instance, component),
+                      [dns_egress(cfg), to_serving]) for name, component in jobs),
             _policy(pols["benchmark-reader"], names, instance, reader, [])]
 
 
@@ -230,7 +237,7 @@ def network_policies(cfg: StackConfig, names: naming.ServingNames, instance: str
         out.append(clients_policy(cfg, names, instance))
     if fanout.serving_copies(cfg):
         out.append(source_policy(cfg, names, instance))
-    if cfg.benchmark.enabled:
+    if cfg.benchmark.enabled or gated(cfg):
         out += benchmark_policies(cfg, names, instance)
     if cfg.accuracy.enabled:
         out.append(accuracy_policy(cfg, names, instance))

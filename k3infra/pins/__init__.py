@@ -48,6 +48,9 @@ def image_pins(cfg: StackConfig) -> list[tuple[str, str]]:
     """Every image key the stack's mode uses, with its value (tag@digest)."""
     eng = cfg.engine
     found = [("k3:serving.proxyImage", cfg.serving.proxy_image)]
+    if eng.build == "prebuilt" and cfg.engine_image:
+        # A released engine (a receipt's `engine.image`, the upstream profile) by tag@digest.
+        found.append(("k3:engineImage", cfg.engine_image))
     if eng.build != "prebuilt":
         found += [("k3:engine.baseImages.cudaDevel", eng.base_images.cuda_devel),
                   ("k3:engine.baseImages.uv", eng.base_images.uv),

@@ -2,8 +2,8 @@
 
 Pulumi's component provider calls `Component(name, args, opts)` and infers the schema
 from the annotations of `args` and of the class, with the docstrings under them. This
-is k3infra's `K3ServingStack` with the chosen receipt (`load_receipt()`: $K3INFRA_RECEIPT,
-else the shipped one), typed args
+is k3infra's `K3ServingStack` with the receipt its args name (`receipt`: a shipped id or a
+project file; unset: the shipped default), typed args
 (`shapes.K3ServingStackArgs`) and its outputs declared again with descriptions; it
 registers the same type token (`k3infra:index:K3ServingStack`), so a program in
 TypeScript, Go or YAML builds exactly what a Python program builds with the same args,
@@ -17,7 +17,7 @@ import pulumi
 
 from k3infra import stack
 from k3infra.plugin.shapes import K3ServingStackArgs
-from k3infra.receipt import load_receipt
+from k3infra.receipt import stack_receipt
 
 
 class K3ServingStack(stack.K3ServingStack):
@@ -57,4 +57,7 @@ class K3ServingStack(stack.K3ServingStack):
 
     def __init__(self, name: str, args: K3ServingStackArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(name, dict(args), opts, receipt=load_receipt())
+        # The receipt the args name (`receipt`), resolved in the program's project.
+        named = dict(args).get("receipt")
+        super().__init__(name, dict(args), opts,
+                         receipt=stack_receipt(named if isinstance(named, str) else None).receipt)

@@ -10,9 +10,9 @@ from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
 from k3infra.gates import license_text
 from k3infra.policies import host, stack_config
 from k3infra.policies.workloads import Workload, get, items, kind_of, label_selector_matches, workloads
-from k3infra.receipt import load_receipt
+from k3infra.receipt import NOTHING_MEASURED
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 
 
 def _serving(args: StackValidationArgs) -> list[tuple[PolicyResource, Workload]]:
@@ -128,4 +128,22 @@ license_acknowledged = StackValidationPolicy(
     enforcement_level=EnforcementLevel.ADVISORY,
 )
 
-POLICIES = [network_policy, disruption_budget, license_acknowledged]
+def _candidate(args: StackValidationArgs, report: ReportViolation) -> None:
+    r = _receipt()
+    if r.is_candidate and (_serving(args) or any(host.serves(x.resource_type, x.props)
+                                                 for x in args.resources)):
+        report(f"receipt {r.id} (k3:receipt) is a candidate: {NOTHING_MEASURED} (flags from "
+               f"{r.source}); its serving pods run an unmeasured flag set until `k3infra bench "
+               "receipt` measures it into a receipt the stack names", None)
+
+
+receipt_measured = StackValidationPolicy(
+    name="k3-receipt-measured",
+    description=("The stack's receipt (k3:receipt) is measured: a candidate receipt's figures "
+                 "are not known yet, so every judgement against them is said to be missing. "
+                 "Advisory: trying a candidate on your own nodes is how it gets measured."),
+    validate=_candidate,
+    enforcement_level=EnforcementLevel.ADVISORY,
+)
+
+POLICIES = [network_policy, disruption_budget, license_acknowledged, receipt_measured]

@@ -14,10 +14,10 @@ from k3infra.policies import stack_config
 from k3infra.policies.serve_args import serve_drift
 from k3infra.policies.workloads import (LEADER_WORKER_SET, PROFILE_ANNOTATION, get, items, kind_of,
                                         workloads)
-from k3infra.receipt import load_receipt
+from k3infra.serving.manifests import RECEIPT_SHA_ANNOTATION
 from k3infra.weights.manifests import LOCK_KEY, WeightsLayout
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 REVISION_ANNOTATION = "k3infra.dev/weights-revision"
 DIGEST_ANNOTATION = "k3infra.dev/tree-digest"
 # The weights runtime's contract with its containers (k3infra/weights/manifests.py).
@@ -84,8 +84,16 @@ def _receipt_annotations(args: ResourceValidationArgs, report: ReportViolation) 
                     "k3infra.dev/weights-repo": _receipt().model.repo,
                     # A multi-node group is never the measured configuration.
                     "k3infra.dev/measured-configuration":
-                        "true" if profile == "measured" and wl.kind != LEADER_WORKER_SET
+                        "true" if (profile == "measured" and wl.kind != LEADER_WORKER_SET
+                                   and not _receipt().is_candidate)
                         else "false"}
+        # The workload names the receipt it was built from by content: a pack that finds
+        # another receipt (its own k3:receipt lookup, K3INFRA_RECEIPT) never judges it.
+        built_from = get(wl.metadata, "annotations", RECEIPT_SHA_ANNOTATION)
+        if built_from != _receipt().sha256():
+            report(f"{wl.kind} {wl.name}: annotation {RECEIPT_SHA_ANNOTATION} is {built_from!r}, "
+                   f"but the stack's receipt {_receipt().id} (k3:receipt) has sha256 "
+                   f"{_receipt().sha256()!r}: the workload was built from another receipt", None)
         for key, want in expected.items():
             found = get(wl.pod_metadata, "annotations", key)
             if key == "k3infra.dev/engine-commit" and want is not None:

@@ -29,11 +29,11 @@ from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
 from k3infra.policies.workloads import (Container, Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
 from k3infra.pod_env import GATE_ENV_NAMES
-from k3infra.receipt import load_receipt
 from k3infra.serving.manifests import ENGINE_HOST, engine_command, engine_probe_exec
 from k3infra.weights import manifests as weights
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+from k3infra.policies import stack_config
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 ENGINE_CONTAINER = "vllm"
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 ENGINE_WORDS = ("vllm.entrypoints", "api_server")

@@ -40,9 +40,8 @@ from k3infra.operations.network import network_policies
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import (Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
-from k3infra.receipt import load_receipt
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 DIRECTIONS = (("Ingress", "ingress", "from"), ("Egress", "egress", "to"))

@@ -12,9 +12,8 @@ from k3infra.netpol import gateway_proxy_peers
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import (Workload, as_int, get, items, kind_of,
                                         label_selector_matches, mapping, workloads)
-from k3infra.receipt import load_receipt
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 
 # Service types that publish the pods beyond the cluster network's own addresses.
 _EXPOSING_TYPES = {"NodePort", "LoadBalancer", "ExternalName"}

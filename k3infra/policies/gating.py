@@ -11,9 +11,9 @@ from pulumi_policy import (EnforcementLevel, PolicyResource, ReportViolation,
 
 from k3infra.policies.drift import TREE_ENV
 from k3infra.policies.workloads import Container, Workload, get, kind_of, workloads
-from k3infra.receipt import load_receipt
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+from k3infra.policies import stack_config
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 GATE_LOCK_ENV = "K3_GATE_LOCK"
 # pulumi-kubernetes waits for a Job to complete unless this annotation says not to.
 SKIP_AWAIT = "pulumi.com/skipAwait"

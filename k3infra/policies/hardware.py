@@ -13,10 +13,9 @@ from k3infra.hbm import HbmError, hbm_fit
 from k3infra.placement import GPU_RESOURCE
 from k3infra.policies import stack_config
 from k3infra.policies.workloads import LEADER_WORKER_SET, as_int, get, items, workloads
-from k3infra.receipt import load_receipt
 from k3infra.serving import startup as budgets
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 
 
 def _gpus() -> int:
@@ -104,19 +103,18 @@ gpu_product = ResourceValidationPolicy(
                  "does not fit the weights and 4-GPU GB300 nodes cannot hold one replica."),
     validate=_gpu_product,
     enforcement_level=EnforcementLevel.MANDATORY,
+    # No schema defaults: they are the stack's receipt's (k3:receipt), read when the
+    # policy runs (_allowed_products), not the receipt of the pack's import.
     config_schema=PolicyConfigSchema(properties={
         "allowedProducts": {
             "type": "array", "items": {"type": "string"}, "minItems": 1,
-            "default": [_receipt().hardware.gpu_product_label],
-            "description": "nvidia.com/gpu.product values serving pods may run on"},
-        # Empty for a receipt with no 4-GPU product (then no group is allowed): the CLI
-        # validates the defaults against this schema, so no minItems here (found by the
-        # node tier's test receipt, tests/e2e/test_node_stack.py).
+            "description": "nvidia.com/gpu.product values serving pods may run on "
+                           "(unset: the stack's receipt's GPU product)"},
         "allowedMultiNodeProducts": {
             "type": "array", "items": {"type": "string"},
-            "default": _multi_node_products(),
             "description": "nvidia.com/gpu.product values the pods of a multi-node group "
-                           "(LeaderWorkerSet) may run on"}}),
+                           "(LeaderWorkerSet) may run on (unset: the stack's receipt's 4-GPU "
+                           "products)"}}),
 )
 
 

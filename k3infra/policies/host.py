@@ -21,10 +21,10 @@ from k3infra.fieldtypes import is_wildcard
 from k3infra.policies.images import image_problem
 from k3infra.policies.serve_args import serve_drift
 from k3infra.policies.workloads import get, items
-from k3infra.receipt import load_receipt
 from k3infra.serve_argv import serve_args_of
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+from k3infra.policies import stack_config
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 CONTAINER = "docker:index/container:Container"
 REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 # The variables the weights gate reads before `exec vllm serve` (vLLM reads no K3_*).

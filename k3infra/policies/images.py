@@ -8,9 +8,9 @@ from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidation
 
 from k3infra.fieldtypes import HEX64
 from k3infra.policies.workloads import get, workloads
-from k3infra.receipt import load_receipt
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+from k3infra.policies import stack_config
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 # Any repository (a policy judges foreign images too), matched whole: \A..\Z, not `$`.
 DIGEST_REF = re.compile(r"\A(?P<name>[^@\s]+)@sha256:" + HEX64 + r"\Z")
 

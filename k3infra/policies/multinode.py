@@ -10,10 +10,9 @@ from k3infra import topology
 from k3infra.policies import stack_config
 from k3infra.policies.serve_args import serve_drift
 from k3infra.policies.workloads import LEADER_WORKER_SET, Workload, get, items, workloads
-from k3infra.receipt import load_receipt
 from k3infra.serving.group import multi_node_args
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 _NOT_MEASURED = "multi-node, NOT the measured configuration: "
 _RANKS = {"leader": 0, "worker": 1}
 

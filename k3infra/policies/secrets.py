@@ -8,9 +8,9 @@ from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ReportViolation
                            ResourceValidationArgs, ResourceValidationPolicy)
 
 from k3infra.policies.workloads import get, items, kind_of, mapping, workloads
-from k3infra.receipt import load_receipt
 
-_receipt = load_receipt      # the chosen receipt, read when a policy runs
+from k3infra.policies import stack_config
+_receipt = stack_config.receipt  # the stack's receipt (k3:receipt), read when a policy runs
 
 # Shapes of credentials that must never appear as plain text.
 TOKEN_PATTERNS = {

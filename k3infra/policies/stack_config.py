@@ -11,6 +11,7 @@ can read the same fact from a resource (the profile annotation) prefer the resou
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
@@ -93,6 +94,23 @@ def multi_node_domain_label() -> str:
     return _section("multiNode", MultiNodeConfig).domain_label
 
 
+def project_root() -> Path:
+    """The Pulumi project the pack judges: the nearest directory at or above the working
+    directory with a Pulumi.yaml (the CLI starts the pack in its own directory, which a
+    project keeps inside it, as this repository's policy/ is), else the working directory."""
+    here = Path.cwd()
+    return next((d for d in (here, *here.parents) if (d / "Pulumi.yaml").is_file()), here)
+
+
+def receipt():
+    """The receipt the stack names (k3:receipt), resolved as the program resolves it; read
+    each time a policy runs. A bad name or file raises ReceiptError (one line)."""
+    from k3infra.receipt import stack_receipt
+
+    name = value("receipt")
+    return stack_receipt(name if isinstance(name, str) else None, project_root()).receipt
+
+
 def stack():
     """The whole `k3:*` config parsed as the program parses it (StackConfig), or None when
     there is none or the program would refuse it. Secrets are stood in for: no policy
@@ -101,7 +119,6 @@ def stack():
 
     from k3infra.config import parse_stack_config
     from k3infra.config import SECRET_KEYS
-    from k3infra.receipt import load_receipt
 
     keys = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     raw = {k: runtime_config.get_config(k) for k in keys if k.startswith(f"{CONFIG_NAMESPACE}:")}
@@ -111,6 +128,6 @@ def stack():
         if f"{CONFIG_NAMESPACE}:{name}" in raw:
             raw[f"{CONFIG_NAMESPACE}:{name}"] = "policy-stand-in"
     try:
-        return parse_stack_config(raw, receipt=load_receipt())
+        return parse_stack_config(raw, receipt=receipt())
     except (ConfigError, ValueError, OSError):
         return None

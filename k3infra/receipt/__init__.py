@@ -1,28 +1,37 @@
-"""The measured serving receipt as data: a YAML file shipped in the package and the
-pydantic model that refuses a malformed one.
+"""Serving receipts as data: YAML files shipped in the package (or kept in your Pulumi
+project) and the pydantic model that refuses a malformed one.
 
-Every pin (engine commit, serve flags, weights digest, figures) is read from here; no
-other module repeats a receipt value as a literal.
+Every pin (engine commit or image, serve flags, weights digest, figures) is read from a
+receipt; no other module repeats a receipt value as a literal. A receipt is `measured`
+(figures from a benchmark run) or a `candidate` (a flag set to try, nothing measured
+yet: `k3infra bench receipt` turns a run of it into a measured one).
 
-Which receipt a process judges against is chosen in one place, `load_receipt()`'s
-default: the file named by the environment variable K3INFRA_RECEIPT, else the shipped
-one. The program, its render, the policy pack (its own process, launched by the Pulumi
-CLI, which inherits the environment), `verify`, `bench` and the plugin all read it so.
+Which receipt a stack is judged against is the stack's own choice, `k3:receipt`: a
+shipped receipt's id or a file inside the Pulumi project (`stack_receipt()`, the one
+resolver the program, the render, the policy pack and every CLI command use). The
+environment variable K3INFRA_RECEIPT stays only as a test override: used where the stack
+names none, refused in one line where it disagrees with the stack's key.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k3infra.fieldtypes import SHA256_DIGEST, Sha256Hex
 
-RECEIPT_FILE = "kimi-k3-8xb300-2026-07-29.yaml"
+# The receipt a stack runs when it names none (`k3:receipt` unset): the measured one.
+DEFAULT_RECEIPT = "kimi-k3-8xb300-2026-07-29"
+RECEIPT_FILE = f"{DEFAULT_RECEIPT}.yaml"
 RECEIPT_ENV = "K3INFRA_RECEIPT"
+RECEIPT_KEY = "k3:receipt"
 _DIGEST = SHA256_DIGEST.anchored
 
 
@@ -70,19 +79,52 @@ class Model(_Strict):
 
 
 class Engine(_Strict):
+    """The engine: built from a commit (`commit`, the measured receipt's), or a released
+    image (`image`, by tag: the stack pins its digest in k3:engineImage with `k3infra
+    pins`). Exactly one of the two."""
+
     name: str
     version: str
     repo: str
-    commit: str = Field(pattern=r"^[0-9a-f]{7,40}$")
-    pull_request: int
-    build_exclusions: list[str]
+    commit: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{7,40}$")
+    # By tag (a candidate: the stack pins the digest), or tag@digest once measured.
+    image: Optional[str] = Field(
+        default=None, pattern=r"^[a-z0-9][a-z0-9.:/_-]*:[A-Za-z0-9_.-]+(@sha256:[0-9a-f]{64})?$")
+    pull_request: int = 0
+    build_exclusions: list[str] = Field(default_factory=list)
     cuda_arch: str
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Engine":
+        if (self.commit is None) == (self.image is None):
+            raise ValueError("engine: exactly one of commit (a build) and image (a released "
+                             "image by tag) is needed")
+        return self
+
+    @property
+    def image_repository(self) -> Optional[str]:
+        """A released engine's repository (`image` without its tag)."""
+        return image_repository(self.image) if self.image else None
+
+    def describe(self) -> str:
+        """`vLLM <version> @ <commit>` or `vLLM <version>, image <ref>`: the one wording."""
+        name = "vLLM" if self.name == "vllm" else self.name
+        return (f"{name} {self.version} @ {self.commit}" if self.commit else
+                f"{name} {self.version}, image {self.image}")
 
     def is_commit(self, value: object) -> bool:
         """`value` names the receipt's engine: its commit, or a longer one starting with it
         (the full 40-hex commit a build takes, `k3:engine.commit`)."""
-        return (isinstance(value, str) and len(value) in range(len(self.commit), 41)
+        return (self.commit is not None and isinstance(value, str)
+                and len(value) in range(len(self.commit), 41)
                 and all(c in "0123456789abcdef" for c in value) and value.startswith(self.commit))
+
+
+def image_repository(ref: str) -> str:
+    """`registry/repo[:tag][@digest]` -> `registry/repo` (a registry's port is kept)."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
 
 
 class EngineArg(_Strict):
@@ -139,6 +181,15 @@ class Serve(_Strict):
 
 class Residency(_Strict):
     weights_gib_per_gpu: float = Field(gt=0)
+
+
+class KvCache(_Strict):
+    """An upper bound of the KV cache's bytes per token on each GPU, and what it rests on:
+    the HBM preflight holds `--max-model-len` to it (k3infra.hbm.context_fit)."""
+
+    dtype: str
+    bytes_per_token_max: int = Field(gt=0)
+    basis: str
 
 
 class WideSweep(_Strict):
@@ -233,14 +284,19 @@ class License(_Strict):
 class Receipt(_Strict):
     schema_: Literal["k3infra.receipt/v1"] = Field(alias="schema")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
-    measured_on: str
+    # `candidate`: a flag set to try, nothing measured yet (no figures, no evidence);
+    # `source` says where its flags come from.
+    status: Literal["measured", "candidate"] = "measured"
+    source: Optional[str] = None
+    measured_on: Optional[str] = None
     hardware: Hardware
     model: Model
     engine: Engine
     serve: Serve
     residency: Residency
+    kv_cache: Optional[KvCache] = None
     workload_a: WorkloadA
-    measured: list[Measurement]
+    measured: list[Measurement] = Field(default_factory=list)
     evidence: list[Evidence] = Field(default_factory=list)
     accuracy: Optional[AccuracyBaseline] = None
     not_measured: list[str] = Field(min_length=1)
@@ -256,6 +312,39 @@ class Receipt(_Strict):
                              f"is not in gpus: {sorted(self.gpus)}")
         return self
 
+    @model_validator(mode="after")
+    def _status_holds(self) -> "Receipt":
+        if self.status == "measured" and not (self.measured and self.measured_on):
+            raise ValueError("status measured: needs measured_on and at least one measured "
+                             "figure (a receipt with none is a candidate)")
+        if self.status == "candidate" and (self.measured or self.evidence):
+            raise ValueError("status candidate: measured and evidence must be empty (`k3infra "
+                             "bench receipt` turns a run of it into a measured receipt)")
+        if self.status == "candidate" and not self.source:
+            raise ValueError("status candidate: source (where its flags come from) is needed")
+        return self
+
+    def sha256(self) -> str:
+        """The receipt's identity: sha256 of its content (canonical JSON, so comments and
+        layout do not count), recorded on the workloads and in the stack outputs."""
+        doc = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True,
+                         separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(doc.encode()).hexdigest()
+
+    def identity(self) -> dict[str, str]:
+        """id, content sha256 and status: the `receipt` stack output and plan.json's."""
+        return {"id": self.id, "sha256": self.sha256(), "status": self.status}
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.status == "candidate"
+
+    def standing(self) -> str:
+        """How this receipt stands, in the words every view uses."""
+        if self.is_candidate:
+            return f"candidate: {NOTHING_MEASURED}"
+        return f"measured {self.measured_on}"
+
     @property
     def measured_gpu(self) -> GpuSpec:
         return self.gpus[self.hardware.gpu_product_label]
@@ -263,6 +352,10 @@ class Receipt(_Strict):
     def measurement(self, concurrency: int, metric: str = "e2el") -> Optional[Measurement]:
         return next((m for m in self.measured
                      if m.concurrency == concurrency and m.metric == metric), None)
+
+
+# What a candidate shows wherever a measured receipt shows its figures.
+NOTHING_MEASURED = "nothing measured yet"
 
 
 class ReceiptError(ValueError):
@@ -275,43 +368,127 @@ def parse_receipt(data: dict) -> Receipt:
 
 
 def receipt_path() -> Path:
-    """The shipped receipt."""
-    return Path(str(resources.files(__name__).joinpath(RECEIPT_FILE)))
+    """The shipped default receipt (the measured one)."""
+    return shipped_receipts()[DEFAULT_RECEIPT]
 
 
-def chosen_receipt_path() -> Path:
-    """The receipt this process judges against: $K3INFRA_RECEIPT, else the shipped one."""
-    chosen = os.environ.get(RECEIPT_ENV, "").strip()
-    return Path(chosen) if chosen else receipt_path()
+def shipped_receipts() -> dict[str, Path]:
+    """Every receipt shipped in the package, by id (its file's stem)."""
+    here = Path(str(resources.files(__name__)))
+    return {p.stem: p for p in sorted(here.glob("*.yaml"))}
+
+
+@dataclass(frozen=True)
+class ChosenReceipt:
+    """A receipt with where it came from: what the stack (or a flag) named, the file, its
+    sha256 (recorded on the workloads and in the stack outputs), and who chose it."""
+
+    receipt: Receipt
+    name: str           # as named: a shipped id or a path inside the project
+    path: Path
+    chosen_by: str      # "k3:receipt", "K3INFRA_RECEIPT", "--receipt", or "default"
+
+    @property
+    def sha256(self) -> str:
+        return self.receipt.sha256()
+
+    def record(self) -> dict[str, str]:
+        return {**self.receipt.identity(), "name": self.name}
+
+
+def _read(path: Path, named: str) -> Receipt:
+    from k3infra.fileformats import FileFormatError, read_bytes
+
+    try:      # the one bounded reader: a FIFO, a device or a huge file is refused
+        raw = read_bytes(path, "receipt")
+    except FileFormatError as exc:
+        raise ReceiptError(f"receipt {named}: {exc.problem}") from None
+    return _parse(raw, str(path), named)
+
+
+def named_receipt_path(name: str, root: Path, what: str = RECEIPT_KEY) -> Path:
+    """The file `name` stands for: a shipped receipt's id, or a `.yaml` file inside the
+    project at `root` (a relative path with no `..`, so the program, the render and the
+    policy pack, each from its own directory, find the same file)."""
+    shipped = shipped_receipts()
+    if name in shipped:
+        return shipped[name]
+    rel = PurePosixPath(name)
+    if (not name or name != name.strip() or rel.is_absolute() or ".." in rel.parts
+            or rel.suffix not in (".yaml", ".yml")):
+        raise ReceiptError(f"{what} = {name!r}: not a shipped receipt ({', '.join(shipped)}) "
+                           "nor a .yaml file inside the Pulumi project (a relative path "
+                           "without '..')")
+    return root / rel
+
+
+def stack_receipt(name: Optional[str], root: Optional[Path] = None,
+                  chosen_by: str = RECEIPT_KEY) -> ChosenReceipt:
+    """The receipt a stack is judged against: `name` (its k3:receipt, or a flag naming a
+    receipt) resolved in the project at `root` (default: the working directory, where
+    `pulumi` runs the program). K3INFRA_RECEIPT, a test override, is used where nothing is
+    named and refused where it names another file's bytes."""
+    root = root if root is not None else Path.cwd()
+    env = os.environ.get(RECEIPT_ENV, "").strip()
+    override = None
+    if env:
+        override = ChosenReceipt(_read(Path(env), f"{env} (from {RECEIPT_ENV})"), env, Path(env),
+                                 RECEIPT_ENV)
+    if not name:
+        if override is not None:
+            return override
+        return ChosenReceipt(_read(receipt_path(), str(receipt_path())), DEFAULT_RECEIPT,
+                             receipt_path(), "default")
+    path = named_receipt_path(name, root, chosen_by)
+    chosen = ChosenReceipt(_read(path, f"{path} ({chosen_by} = {name})"), name, path, chosen_by)
+    if override is not None and override.sha256 != chosen.sha256:
+        raise ReceiptError(f"{chosen_by} = {name} (receipt {chosen.receipt.id}, sha256 "
+                           f"{chosen.sha256[:12]}) and {RECEIPT_ENV} = {env} (receipt "
+                           f"{override.receipt.id}, sha256 {override.sha256[:12]}) disagree: the "
+                           f"stack's key decides; unset {RECEIPT_ENV} (a test override)")
+    return chosen
+
+
+def receipt_named(value: str, flag: str = "--receipt") -> ChosenReceipt:
+    """A receipt a command line names: a shipped receipt's id, or a file anywhere (as typed)."""
+    shipped = shipped_receipts()
+    path = shipped.get(value) or Path(value)
+    return ChosenReceipt(_read(path, f"{value} ({flag})" if value in shipped else value),
+                         value, path, flag)
 
 
 def load_receipt(path: Optional[str] = None) -> Receipt:
-    """The receipt at `path`; without one, the chosen receipt (chosen_receipt_path).
-    Read each time it is asked for, so a change of K3INFRA_RECEIPT is seen; each file is
+    """The receipt in the file at `path`; without one, the receipt of a stack that names
+    none (stack_receipt(None): $K3INFRA_RECEIPT, else the shipped default). Each file is
     parsed once."""
-    where = Path(path) if path else chosen_receipt_path()
-    if path is None and os.environ.get(RECEIPT_ENV, "").strip():
-        where_named = f"{where} (from {RECEIPT_ENV})"
-    else:
-        where_named = str(where)
-    return _load(str(where), where_named)
+    if path:
+        return _read(Path(path), path)
+    return stack_receipt(None).receipt
 
 
 @functools.lru_cache(maxsize=None)
-def _load(path: str, named: str) -> Receipt:
+def _parse(raw: bytes, path: str, named: str) -> Receipt:
+    """A receipt from its bytes (cached by them: an edited file is parsed again)."""
+    import yaml
     from pydantic import ValidationError
 
-    from k3infra.fileformats import FileFormatError, load_yaml
+    # Here, not at the top: k3infra.config imports this module.
+    from k3infra.config.stackfile import StackFileError, strict_yaml
+    from k3infra.fileformats import FileFormatError, decode_text
 
-    try:    # the bounded reader and the strict YAML loader (issue 48)
-        data = load_yaml(path, "receipt")
+    try:    # the strict YAML loader of the stack files (issue 48)
+        data = strict_yaml(decode_text(raw, path, "receipt"), Path(path))
     except FileFormatError as exc:
         raise ReceiptError(f"receipt {named}: {exc.problem}") from None
+    except StackFileError as exc:
+        raise ReceiptError(f"receipt {named}: {exc.accepted}") from None
+    except yaml.YAMLError as exc:       # pragma: no cover (strict_yaml names YAML errors)
+        raise ReceiptError(f"receipt {named}: not YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise ReceiptError(f"receipt {named}: not a mapping (a k3infra.receipt/v1 document)") from None
+        raise ReceiptError(f"receipt {named}: not a mapping (a k3infra.receipt/v1 document)")
     try:
         return parse_receipt(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise ReceiptError(f"receipt {named}: {problems}") from None

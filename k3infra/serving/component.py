@@ -6,11 +6,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 import pulumi
 
 from k3infra.config import StackConfig
-from k3infra.inputs import StackInputs
-from k3infra.kube import apply_built, child_options
+from k3infra.inputs import StackInputs, wired_build
+from k3infra.kube import apply_built, apply_manifest, child_options
 from k3infra.receipt import Receipt
 from k3infra.serving import group
-from k3infra.serving import manifests as m, prepull
+from k3infra.serving import manifests as m, prepull, rollout
 from k3infra.serving.startup import startup_budget_seconds
 from k3infra.topology import is_multi_node
 from k3infra.weights.manifests import WeightsParts
@@ -24,6 +24,7 @@ class VllmServing(pulumi.ComponentResource):
 
     statefulset: pulumi.CustomResource
     service_name: pulumi.Output[str]
+    template_digest: Optional[pulumi.Output[str]] = None   # single-node only
 
     def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
                  image: Any, weights: Union[WeightsParts, Callable[[StackConfig], WeightsParts]],
@@ -54,10 +55,17 @@ class VllmServing(pulumi.ComponentResource):
                     child_options(self, opts, *depends_on, domain, custom_timeouts=timeouts)))
             self.statefulset = self.groups[-1]
         else:
-            self.statefulset = apply_built(
-                f"{name}-statefulset", inputs,
-                lambda c: m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins),
-                child_options(self, opts, *depends_on, custom_timeouts=timeouts))
+            def build(c: StackConfig) -> dict:
+                return m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins)
+
+            wired = wired_build(inputs, build)
+            self.statefulset = apply_manifest(
+                f"{name}-statefulset", wired,
+                child_options(self, opts, *depends_on, custom_timeouts=timeouts), build(plain))
+            # The pod template's identity: what the rollout gate judges (serving/rollout.py).
+            self.template_digest = pulumi.Output.from_input(wired).apply(
+                lambda s: rollout.template_digest(s["spec"]["template"]))
+        self.rollout_timeouts = timeouts
         # What dependents (benchmark, accuracy) wait for: every replica's workload.
         self.workloads = self.groups or [self.statefulset]
         if plain.cold_start.prepull:

@@ -106,7 +106,7 @@ def leader_worker_set(receipt: Receipt, cfg: StackConfig, image: Any, weights: W
         "metadata": {"name": group_name(names, replica), "namespace": names.namespace,
                      "labels": m.labels(instance),
                      "annotations": {**m.pin_annotations(receipt, cfg, engine_pins),
-                                     **m.RESTORE_DRIFT}},
+                                     **m.workload_receipt(receipt), **m.RESTORE_DRIFT}},
         "spec": {
             "replicas": 1,
             "startupPolicy": "LeaderCreated",     # both pods start together

@@ -14,10 +14,10 @@ from typing import Any
 from k3infra import checkov_skips, ephemeral, naming, origin, placement, topology
 from k3infra.origin import (Origin, Tagged, argv, engine_path, entries, k3infra, secret_env,
                             stack, surface, words)
-from k3infra.serving import proxy, start
+from k3infra.serving import proxy, rollout, start
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
-from k3infra.receipt import Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt
 from k3infra.serving.startup import (BUDGET_ANNOTATION, PROBE_PERIOD_SECONDS, StartupBudget,
                                      startup_budget_seconds)
 from k3infra.naming import ServingNames, labels, selector_labels
@@ -38,14 +38,18 @@ WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
 SHUTDOWN_SECONDS = 30
 
 
-def is_measured(cfg: StackConfig) -> bool:
-    """Only the measured profile on one node renders the receipt's configuration."""
-    return cfg.profile == "measured" and not topology.is_multi_node(cfg)
+def is_measured(receipt: Receipt, cfg: StackConfig) -> bool:
+    """Only the measured profile of a measured receipt on one node renders a measured
+    configuration (a candidate's flags are the receipt's, but nothing measured them)."""
+    return (cfg.profile == "measured" and not receipt.is_candidate
+            and not topology.is_multi_node(cfg))
 
 
 def not_measured_warning(receipt: Receipt, cfg: StackConfig) -> str:
     """Why this render is not the receipt's configuration ('' when it is)."""
     reasons = []
+    if receipt.is_candidate:
+        reasons.append(f"receipt {receipt.id} is a candidate: {NOTHING_MEASURED}")
     if cfg.profile != "measured":
         reasons.append(f"profile {cfg.profile}: NOT the measured configuration of receipt "
                        f"{receipt.id}")
@@ -54,12 +58,22 @@ def not_measured_warning(receipt: Receipt, cfg: StackConfig) -> str:
     return "; ".join(reasons)
 
 
+def workload_receipt(receipt: Receipt) -> dict[str, str]:
+    """The receipt's identity on the serving workload (not its pods: a receipt whose
+    content changes but whose engine, flags and env do not replaces no pod)."""
+    return {RECEIPT_SHA_ANNOTATION: receipt.sha256()}
+
+
+RECEIPT_SHA_ANNOTATION = "k3infra.dev/receipt-sha256"
+
+
 def pin_annotations(receipt: Receipt, cfg: StackConfig,
                     engine_pins: dict[str, str]) -> dict[str, str]:
     """Pins on the StatefulSet and its pods. `engine_pins` describe the engine the pod
     really runs (EnginePlan.pins(), passed in by the stack)."""
-    measured = is_measured(cfg)
+    measured = is_measured(receipt, cfg)
     return {"k3infra.dev/receipt": receipt.id,
+            "k3infra.dev/receipt-status": receipt.status,
             **engine_pins,
             "k3infra.dev/weights-repo": receipt.model.repo,
             "k3infra.dev/weights-revision": cfg.weights_revision,
@@ -149,6 +163,9 @@ def drain_seconds(receipt: Receipt, cfg: StackConfig) -> int:
     highest concurrency) after endpoints stopped sending new ones."""
     if cfg.serving.drain_seconds is not None:
         return cfg.serving.drain_seconds
+    if receipt.is_candidate:
+        # Nothing measured the slowest request yet: the longest drain the grace allows.
+        return cfg.serving.termination_grace_seconds - SHUTDOWN_SECONDS
     slowest_ms = max(mm.p99_ms for mm in receipt.measured if mm.metric == "e2el")
     return ENDPOINT_PROPAGATION_SECONDS + math.ceil(slowest_ms / 1000)
 
@@ -165,8 +182,7 @@ def check_shutdown(receipt: Receipt, cfg: StackConfig) -> None:
 def update_strategy(cfg: StackConfig) -> dict:
     if cfg.serving.update_strategy == "OnDelete":
         return {"type": "OnDelete"}
-    return {"type": "RollingUpdate",
-            "rollingUpdate": {"partition": cfg.serving.update_partition}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"partition": rollout.partition(cfg)}}
 
 
 # The serve flags are k3infra's: a field changed by another manager (`kubectl edit`,
@@ -191,9 +207,10 @@ def await_annotations(cfg: StackConfig) -> dict[str, str]:
     OnDelete, the built-in await stays (OnDelete: pulumi-kubernetes does not wait for a
     rollout it cannot start)."""
     s = cfg.serving
-    if s.update_strategy != "RollingUpdate" or s.update_partition == 0:
+    held = rollout.partition(cfg)
+    if s.update_strategy != "RollingUpdate" or held == 0:
         return {}
-    canary = cfg.replicas - s.update_partition
+    canary = cfg.replicas - held
     test = f"@.readyReplicas == {cfg.replicas}"
     if canary > 0:
         test += f" && @.updatedReplicas > {canary - 1}"
@@ -326,7 +343,8 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": names.statefulset, "namespace": names.namespace,
                      "labels": labels(instance),
-                     "annotations": {**pin_annotations(receipt, cfg, engine_pins), **await_annotations(cfg),
+                     "annotations": {**pin_annotations(receipt, cfg, engine_pins),
+                                     **workload_receipt(receipt), **await_annotations(cfg),
                                      **RESTORE_DRIFT,
                                      **checkov_skips.annotations(
                          checkov_skips.ENGINE_IMAGE_UID, checkov_skips.VLLM_API_KEY_ENV)}},
