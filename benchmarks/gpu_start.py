@@ -143,12 +143,14 @@ def engine_version(dry: bool, commit: str | None = None) -> tuple[str, str]:
 
 def gpu_receipt(lock: dict, hw: dict, version: str, commit: str, shape: str) -> dict:
     """The shipped receipt with this host's model, hardware and engine: the serve flags
-    and env that apply to one GPU, Workload A as it is, nothing measured yet."""
+    and env that apply to one GPU, Workload A as it is, nothing measured yet (a candidate,
+    which `k3infra bench receipt` measures from the first run)."""
     data = load_receipt().model_dump(by_alias=True)
     size = sum(f["size"] for f in lock["files"])
     data.update(
         id=f"gpu-test-{hw['label'].lower()}-{dt.date.today():%Y-%m-%d}",
-        measured_on=f"{dt.date.today():%Y-%m-%d}",
+        status="candidate", measured_on=None,
+        source="benchmarks/gpu_start.py: the shipped receipt's flags and env that apply to one GPU",
         hardware={"node": f"one {hw['name']} (driver {hw['driver']}), the device tool's machine",
                   "gpu_product_label": hw["label"], "gpu_memory_bytes": hw["bytes"],
                   "compute_capability": hw["cc"], "driver_branch_min": int(hw["driver"].split(".")[0])},

@@ -55,7 +55,8 @@ class K3ServingStack(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     served_model_name: pulumi.Output[str]
     receipt_id: pulumi.Output[str]
-    receipt: pulumi.Output[dict]
+    receipt_sha256: pulumi.Output[str]
+    receipt_status: pulumi.Output[str]
     engine_commit: pulumi.Output[Optional[str]]
     engine_version: pulumi.Output[Optional[str]]
     wheel_sha256: pulumi.Output[Optional[str]]
@@ -232,7 +233,8 @@ class K3ServingStack(pulumi.ComponentResource):
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
         self.receipt_id = pulumi.Output.from_input(receipt.id)
         # Which receipt, by content: what `verify` and the policy pack hold the stack to.
-        self.receipt = pulumi.Output.from_input(receipt.identity())
+        self.receipt_sha256 = pulumi.Output.from_input(receipt.sha256())
+        self.receipt_status = pulumi.Output.from_input(receipt.status)
         self.engine_commit = self.engine.engine_commit
         self.engine_version = self.engine.engine_version
         self.wheel_sha256 = self.engine.wheel_sha256
@@ -250,7 +252,8 @@ class K3ServingStack(pulumi.ComponentResource):
 
     def outputs(self) -> dict[str, pulumi.Output]:
         return {"endpoint": self.endpoint, "servedModelName": self.served_model_name,
-                "receiptId": self.receipt_id, "receipt": self.receipt, "engineCommit": self.engine_commit,
+                "receiptId": self.receipt_id, "receiptSha256": self.receipt_sha256,
+                "receiptStatus": self.receipt_status, "engineCommit": self.engine_commit,
                 "engineVersion": self.engine_version, "wheelSha256": self.wheel_sha256,
                 "imageDigest": self.image_digest, "engineProfile": self.engine_profile,
                 "weightsRevision": self.weights_revision, "treeDigest": self.tree_digest,

@@ -500,8 +500,10 @@ def test_a_canary_rollout_awaits_ready_pods_not_a_finished_rollout():
         update={"update_partition": 3})})
     assert m.await_annotations(hold_all) == {"pulumi.com/waitFor": json.dumps(
         ["jsonpath={$[?@.readyReplicas == 3]}"])}
+    # No manual canary and the benchmark gate off (k3:rollout.gate; on, it holds replicas
+    # 0-1 itself: tests/test_rollout.py).
     no_canary = cfg.model_copy(update={"serving": cfg.serving.model_copy(
-        update={"update_partition": 0})})
+        update={"update_partition": 0}), "rollout": cfg.rollout.model_copy(update={"gate": False})})
     assert m.await_annotations(no_canary) == {}
     on_delete = cfg.model_copy(update={"serving": cfg.serving.model_copy(
         update={"update_strategy": "OnDelete"})})

@@ -136,6 +136,10 @@ NOT_RUN: dict[str, list[str]] = {
         "pulumi config set --path k3:weights.store.url s3://k3-weights/models",
         "pulumi config set --path k3:weights.store.region us-east-1",
         "pulumi config set --path k3:weights.store.serviceAccount k3-weights-reader",
+        # docs/receipts.md: naming a receipt and rolling to it (make e2e's node tier rolls
+        # the tiny model's receipts behind the gate, tests/e2e/test_node_stack.py)
+        "pulumi config set k3:receipt kimi-k3-8xb300-vllm-recipe-candidate",
+        "pulumi up --policy-pack policy/",
     ],
     DOCKER: [
         "docker compose up -d && docker compose logs -f prefetch",
@@ -195,6 +199,10 @@ NOT_RUN: dict[str, list[str]] = {
         "[{\"name\": \"w\", \"mountPath\": \"/weights\"}], \"securityContext\": "
         "{\"allowPrivilegeEscalation\": false, \"capabilities\": {\"drop\": [\"ALL\"]}}}]}}'",
         "k3infra accuracy fetch --out results/accuracy",
+        "k3infra bench fetch --gate --out runs",
+        "kubectl -n kimi-k3 get statefulset kimi-k3 -o json > sts.json",
+        "k3infra bench receipt runs/*/run*-measured.json --stack existing --statefulset "
+        "sts.json --id my-k3-2026-12 --out receipts/my-k3-2026-12.yaml",
     ],
     ENDPOINT: [
         "lm_eval run --model local-chat-completions --model_args model=kimi-k3,base_url="
@@ -228,10 +236,8 @@ NOT_RUN: dict[str, list[str]] = {
         "$G start --restart same-pod; $G table; $G stop",
     ],
     OWN_RECEIPT: [
-        "export K3INFRA_RECEIPT=$PWD/receipts/my-node-2026-08-01.yaml",
-        "k3infra receipt show",
-        "k3infra render && k3infra policy check build/render/existing",
-        "pulumi up --policy-pack policy/",
+        "k3infra receipt show --receipt receipts/my-node-2026-08-01.yaml",
+        "k3infra render --config receipt=receipts/my-node-2026-08-01.yaml",
     ],
     MINUTES: [
         ".venv/bin/python benchmarks/store_bench.py --boto3-python /tmp/boto3/bin/python --rounds 5",

@@ -16,6 +16,9 @@ from conftest import manifest, render
 
 ROOT = Path(__file__).resolve().parent.parent
 GW = ("gateway.enabled=true", "gateway.className=eg", "replicas=3")
+GATE_PEER = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kimi-k3",
+                                             "app.kubernetes.io/instance": "kimi-k3",
+                                             "app.kubernetes.io/component": "rollout-gate"}}}
 SCALING = 'autoscaling={"enabled": true, "min": 2, "max": 4, "prometheusUrl": "http://prometheus.monitoring.svc:9090"}'
 SERVING_SELECTOR = {"app.kubernetes.io/name": "kimi-k3", "app.kubernetes.io/instance": "kimi-k3",
                     "app.kubernetes.io/component": "serving"}
@@ -133,11 +136,13 @@ def _serving_policy(r) -> dict:
 def test_serving_pods_admit_clients_only_from_the_gateway(gw):
     ingress = _serving_policy(gw)["spec"]["ingress"]
     api = [rule for rule in ingress if rule["ports"] == [{"port": 8000, "protocol": "TCP"}]]
+    # The gateway's proxies, and the rollout gate's Job (3 replicas: k3:rollout.gate is on),
+    # which benchmarks one canary pod by its own name, never through the gateway.
     assert api == [{"from": [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "envoy-gateway-system"}},
         "podSelector": {"matchLabels": {"gateway.envoyproxy.io/owning-gateway-name": "kimi-k3",
-                                        "gateway.envoyproxy.io/owning-gateway-namespace": "kimi-k3"}}}],
-        "ports": [{"port": 8000, "protocol": "TCP"}]}]
+                                        "gateway.envoyproxy.io/owning-gateway-namespace": "kimi-k3"}}},
+        GATE_PEER], "ports": [{"port": 8000, "protocol": "TCP"}]}]
     metrics = next(rule for rule in ingress if rule["ports"] == [{"port": 9090, "protocol": "TCP"}])
     assert {"podSelector": {"matchLabels": {**SERVING_SELECTOR,
                                             "app.kubernetes.io/component": "endpoint-picker"}}} \
@@ -149,10 +154,11 @@ def test_istio_and_gke_proxy_peers():
     istio = render("existing", *GW, "gateway.implementation=istio")
     api = _serving_policy(istio)["spec"]["ingress"][0]
     assert api["from"] == [{"podSelector": {"matchLabels": {
-        "gateway.networking.k8s.io/gateway-name": "kimi-k3"}}}]
+        "gateway.networking.k8s.io/gateway-name": "kimi-k3"}}}, GATE_PEER]
     gke = render("existing", *GW, "gateway.implementation=gke",
                  'gateway.proxyCidrs=["10.129.0.0/23"]')
-    assert _serving_policy(gke)["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.129.0.0/23"}}]
+    assert _serving_policy(gke)["spec"]["ingress"][0]["from"] == [
+        {"ipBlock": {"cidr": "10.129.0.0/23"}}, GATE_PEER]
 
 
 def test_picker_policy(gw):

@@ -84,11 +84,16 @@ def _others(r) -> dict:
 
 
 def test_rolling_update_goes_one_pod_at_a_time():
-    spec = manifest(render("existing", PIN, "replicas=3"), "StatefulSet")["spec"]
+    spec = manifest(render("existing", PIN, "replicas=3", 'rollout={"gate": false}'),
+                    "StatefulSet")["spec"]
     # RollingUpdate without maxUnavailable: the controller replaces one pod, waits for it
     # to be Ready, then the next (podManagementPolicy affects scaling only).
     assert spec["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
     assert spec["replicas"] == 3
+    # The benchmark gate (on by default with 2 or more replicas) holds all but the canary;
+    # its promotion lowers the partition to 0 (tests/test_rollout.py).
+    gated = manifest(render("existing", PIN, "replicas=3"), "StatefulSet")["spec"]
+    assert gated["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}
 
 
 def test_disruptions_are_one_node_at_a_time():

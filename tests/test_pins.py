@@ -269,11 +269,15 @@ def loopback(tmp_path, git_server, monkeypatch):
                               f"      rust: {a}/k3/rust:1@sha256:{ZERO}\n"
                               f"    buildkitImage: {a}/k3/buildkit:1@sha256:{ZERO}\n"
                               f"    reporterImage: {a}/k3/reporter:1@sha256:{ZERO}\n")
-        (project / "stacks" / "Pulumi.existing.yaml").write_text(stack)
         receipt = yaml.safe_load(receipt_path().read_text())
         receipt["engine"].update(repo=git_server.url, commit=git_server.first[:8], pull_request=7)
-        receipt_file = tmp_path / "receipt.yaml"
+        # The stack names a receipt of its project whose engine is the loopback git server's.
+        (project / "receipts").mkdir()
+        receipt_file = project / "receipts" / "loopback.yaml"
         receipt_file.write_text(yaml.safe_dump(receipt, sort_keys=False))
+        stack = stack.replace("k3:receipt: kimi-k3-8xb300-2026-07-29",
+                              "k3:receipt: receipts/loopback.yaml")
+        (project / "stacks" / "Pulumi.existing.yaml").write_text(stack)
         model = tmp_path / "model"
         model.mkdir()
         (model / "config.json").write_text("{}\n")
@@ -281,7 +285,6 @@ def loopback(tmp_path, git_server, monkeypatch):
         try:
             for key, value in hub_loopback.environment(hub, str(tmp_path / "hf")).items():
                 monkeypatch.setenv(key, value)
-            monkeypatch.setenv("K3INFRA_RECEIPT", str(receipt_file))
             monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
             monkeypatch.setenv("COLUMNS", "400")
             monkeypatch.chdir(project)

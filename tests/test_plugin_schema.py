@@ -162,8 +162,9 @@ def test_outputs_are_the_components_with_descriptions(schema):
 
     outputs = component(schema)["properties"]
     names = list(K3ServingStack.__annotations__)
-    assert len(outputs) == len(names) == 14
-    assert set(outputs) == {"endpoint", "servedModelName", "receiptId", "engineCommit",
+    assert len(outputs) == len(names) == 16
+    assert set(outputs) == {"endpoint", "servedModelName", "receiptId", "receiptSha256",
+                            "receiptStatus", "engineCommit",
                             "engineVersion", "wheelSha256", "imageDigest", "engineProfile",
                             "weightsRevision", "treeDigest", "image", "profile", "licenseName",
                             "topology"}

@@ -21,7 +21,8 @@ from policy_corpus import (CORPUS, MULTI_NODE_CORPUS, R, affinity_values, pod_sp
 
 CUSTOM = ("k3:profile=custom",
           'k3:custom={"args": ["--enforce-eager"], "env": {"VLLM_USE_V1": "1"}}')
-ADVISORY = {"k3-serve-flags-custom", "k3-tree-digest-custom", "k3-license-acknowledged"}
+ADVISORY = {"k3-serve-flags-custom", "k3-tree-digest-custom", "k3-license-acknowledged",
+            "k3-receipt-measured"}
 
 
 @pytest.fixture(scope="module")

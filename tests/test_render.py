@@ -36,13 +36,15 @@ def test_plan_keys_are_the_readmes(tmp_path):
     """README "What a render shows" lists plan.json's keys and each resource's."""
     write_render(render("existing", PIN), tmp_path)
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert list(plan) == ["stack", "project", "config", "resources", "outputs", "warnings"]
+    assert list(plan) == ["stack", "project", "config", "receipt", "resources", "outputs",
+                          "warnings"]
+    assert list(plan["receipt"]) == ["id", "sha256", "status", "name"]
     assert list(plan["resources"][0]) == ["type", "name", "urn", "parent", "provider",
                                           "dependsOn", "customTimeouts", "inputs"]
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert ('`DIR/plan.json`: `{"stack", "project", "config", "resources": [{"type", "name", '
-            '"urn", "parent", "provider", "dependsOn", "customTimeouts", "inputs"}], '
-            '"outputs", "warnings"}`') in readme
+    assert ('`DIR/plan.json`: `{"stack", "project", "config", "receipt": {"id", "sha256", '
+            '"status", "name"}, "resources": [{"type", "name", "urn", "parent", "provider", '
+            '"dependsOn", "customTimeouts", "inputs"}], "outputs", "warnings"}`') in readme
 
 
 def test_a_render_without_kubernetes_objects_writes_no_manifests_folder(tmp_path):

@@ -150,7 +150,10 @@ def test_replicas_and_node_local_mode():
         job = manifest(r, "Job", f"kimi-k3-weights-prefetch-{i}")
         vol = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
         assert vol["persistentVolumeClaim"]["claimName"] == f"weights-kimi-k3-{i}"
-    assert len([m for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"]) == 3
+    claims = {m["metadata"]["name"] for m in r.manifests() if m["kind"] == "PersistentVolumeClaim"}
+    # The three local volumes, and the rollout gate's results claim (k3:rollout.gate).
+    assert claims == {"weights-kimi-k3-0", "weights-kimi-k3-1", "weights-kimi-k3-2",
+                      "kimi-k3-gate-results"}
     ns = manifest(r, "Namespace", "kimi-k3")["metadata"]["labels"]
     assert ns["pod-security.kubernetes.io/enforce"] == "restricted"
 

@@ -1112,7 +1112,7 @@ class StackConfig(_Section):
         description="the receipt the stack runs and is judged against: a shipped receipt's id "
                     "(`k3infra receipt list`) or a `.yaml` file inside the Pulumi project "
                     "(`receipts/mine.yaml`); its sha256 is recorded on the workloads and in "
-                    "the `receipt` stack output. A change replaces the serving pods where the "
+                    "the `receiptSha256` stack output. A change replaces the serving pods where the "
                     "engine, its flags or env change ([receipts](receipts.md))",
         json_schema_extra=unset("`kimi-k3-8xb300-2026-07-29`, the measured receipt"))
 

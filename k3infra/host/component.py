@@ -136,7 +136,11 @@ class K3HostStack(pulumi.ComponentResource):
         self.server = self._container(instance, spec, secrets,
                                       [self.prefetch, self.cache, self.cache_owner, self.proxy],
                                       network_mode=joined,
-                                      extra_labels={"k3infra.dev/weights-prefetch": verdict},
+                                      # The receipt by content, as on a StatefulSet (a
+                                      # Docker label is the container's own: a new
+                                      # receipt content recreates it).
+                                      extra_labels={"k3infra.dev/weights-prefetch": verdict,
+                                                    **serving.workload_receipt(receipt)},
                                       pins=serving.pin_annotations(receipt, cfg,
                                                                    self.engine.plan.pins()))
 
@@ -148,7 +152,8 @@ class K3HostStack(pulumi.ComponentResource):
         self.license_name = pulumi.Output.from_input(receipt.license.name)
         self.image_ref = pulumi.Output.from_input(image)
         self.receipt_id = pulumi.Output.from_input(receipt.id)
-        self.receipt = pulumi.Output.from_input(receipt.identity())
+        self.receipt_sha256 = pulumi.Output.from_input(receipt.sha256())
+        self.receipt_status = pulumi.Output.from_input(receipt.status)
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)
         self.register_outputs(self.outputs())
 
@@ -212,5 +217,6 @@ class K3HostStack(pulumi.ComponentResource):
         return {"endpoint": self.endpoint, "imageDigest": self.image_digest,
                 "weightsRevision": self.weights_revision, "treeDigest": self.tree_digest,
                 "profile": self.profile, "licenseName": self.license_name,
-                "image": self.image_ref, "receiptId": self.receipt_id, "receipt": self.receipt,
+                "image": self.image_ref, "receiptId": self.receipt_id,
+                "receiptSha256": self.receipt_sha256, "receiptStatus": self.receipt_status,
                 "servedModelName": self.served_model_name}

@@ -162,6 +162,7 @@ def group_drift(lws: dict, receipt: Receipt,
                    "status": {"readyReplicas": ready}}
         for r in statefulset_drift(as_node, receipt, expected_image):
             if role == "worker" and r.check in ("ready replicas", "receipt annotation",
+                                                "receipt content (sha256)",
                                                 "engine commit annotation", "profile"):
                 continue        # the group's, shown once with the leader
             out.append(DriftRow(area, f"{r.check} [{name} {role}]", r.expected, r.actual, r.ok))

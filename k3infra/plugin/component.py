@@ -31,6 +31,10 @@ class K3ServingStack(stack.K3ServingStack):
     """The model name clients send (`--served-model-name`)."""
     receipt_id: pulumi.Output[str]
     """The receipt this instance deploys."""
+    receipt_sha256: pulumi.Output[str]
+    """The receipt's content sha256, as the serving StatefulSet records it."""
+    receipt_status: pulumi.Output[str]
+    """`measured`, or `candidate` (nothing measured yet)."""
     engine_commit: pulumi.Output[Optional[str]]
     """The vLLM commit of the engine image (unset for a released upstream image)."""
     engine_version: pulumi.Output[Optional[str]]

@@ -139,9 +139,10 @@ def _candidate(args: StackValidationArgs, report: ReportViolation) -> None:
 
 receipt_measured = StackValidationPolicy(
     name="k3-receipt-measured",
-    description=("The stack's receipt (k3:receipt) is measured: a candidate receipt's figures "
-                 "are not known yet, so every judgement against them is said to be missing. "
-                 "Advisory: trying a candidate on your own nodes is how it gets measured."),
+    description=(f"The stack's receipt (k3:receipt; here {_receipt().id}, "
+                 f"{_receipt().standing()}) is measured: a candidate receipt's figures are not "
+                 "known yet, so every judgement against them is said to be missing. Advisory: "
+                 "trying a candidate on your own nodes is how it gets measured."),
     validate=_candidate,
     enforcement_level=EnforcementLevel.ADVISORY,
 )

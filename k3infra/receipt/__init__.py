@@ -332,7 +332,7 @@ class Receipt(_Strict):
         return hashlib.sha256(doc.encode()).hexdigest()
 
     def identity(self) -> dict[str, str]:
-        """id, content sha256 and status: the `receipt` stack output and plan.json's."""
+        """id, content sha256 and status, as plan.json and `receipt diff --json` record them."""
         return {"id": self.id, "sha256": self.sha256(), "status": self.status}
 
     @property

@@ -8,8 +8,9 @@ What differs from a user's machine, and why (each through a mechanism the user h
   `docker-registry`, holding one config-only image per tag the stack names;
 - the engine repository resolves through git's `url.<base>.insteadOf` (the HOME's
   .gitconfig) to a loopback `git daemon` with `refs/pull/<the receipt's PR>/head`;
-- the receipt is the shipped one with `engine.commit` set to that head's prefix, chosen
-  with K3INFRA_RECEIPT (no commit starting `f68f4fdd` can be made here);
+- the receipt is the shipped one with `engine.commit` set to that head's prefix (no commit
+  starting `f68f4fdd` can be made here), kept in the project's receipts/ and named by the
+  template the walk-through copies (its `k3:receipt` line edited in the project copy);
 - HF_ENDPOINT names the loopback Hub, whose `main` is REVISION;
 - KUBECONFIG names the test's control plane, whose `kubernetes` EndpointSlice gives the
   API server's address.
@@ -55,7 +56,7 @@ def readme_block(marker: str) -> str:
 
 
 @pytest.fixture
-def loopback_sources(tmp_path, cluster):
+def loopback_sources(tmp_path, cluster, project):  # noqa: F811 (the fixture)
     """HOME, the environment and the recorded facts for the pins' servers on loopback."""
     import hub_loopback
     from gitserver import git_daemon
@@ -85,13 +86,21 @@ def loopback_sources(tmp_path, cluster):
         doc["engine"]["commit"] = git.first[:8]
         mine = tmp_path / "receipt-loopback-engine.yaml"
         mine.write_text(yaml.safe_dump(doc, sort_keys=False))
+        # In the project, named by the template the README copies, as a user names theirs.
+        (project / "receipts").mkdir(exist_ok=True)
+        (project / "receipts" / mine.name).write_text(mine.read_text())
+        template = project / "stacks/examples/Pulumi.existing.yaml"
+        text = template.read_text()
+        assert "k3:receipt: kimi-k3-8xb300-2026-07-29" in text
+        template.write_text(text.replace("k3:receipt: kimi-k3-8xb300-2026-07-29",
+                                         f"k3:receipt: receipts/{mine.name}"))
         model = tmp_path / "model"
         model.mkdir()
         (model / "config.json").write_text("{}\n")
         with hub_loopback.serve(model, receipt.model.repo, revision=REVISION) as hub:
             env = {k: v for k, v in hub_loopback.environment(hub, str(tmp_path / "hf")).items()
                    if k.startswith(("HF_", "NO_PROXY", "no_proxy"))}
-            env.update(HOME=str(home), K3INFRA_RECEIPT=str(mine), COLUMNS="250", **cluster.env())
+            env.update(HOME=str(home), COLUMNS="250", **cluster.env())
             yield home, env, digests, git.first
 
 

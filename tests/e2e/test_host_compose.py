@@ -16,7 +16,8 @@ What the test changes in the rendered file, and why (everything else runs as wri
   CAP_SYS_RESOURCE, which this VM drops even for root (the same reason the node's
   containerd sets `restrict_oom_score_adj`); runc refused the file as written with
   "error setting rlimit type 7: operation not permitted".
-What differs in the stack config (keys a user sets): the test receipt (K3INFRA_RECEIPT),
+What differs in the stack config (keys a user sets): the test receipt (`k3:receipt`, a
+copy of it in the project's git-ignored build/),
 `k3:weights.hubEndpoint` (the loopback Hub on the namespace's address),
 `k3:host.weightsRoot` (a folder of the test), the CPU engine and Debian nginx images by
 digest from the loopback registry, `k3:servedModelName`.
@@ -173,15 +174,19 @@ def hub(model):
 
 def render_host(receipt: Path, lock: Path, hub, images: dict, weights_root: Path,
                 out: Path) -> Path:
-    overrides = [*tiny_moe.stack_overrides(receipt, hub.commit, lock),
+    named = tiny_moe.in_project(receipt, ROOT)
+    overrides = [*tiny_moe.stack_overrides(named, hub.commit, lock),
                  f"engineImage={images['engine-cpu']}", f"serving.proxyImage={images['proxy']}",
                  f"weights.hubEndpoint={hub.endpoint}", f"host.weightsRoot={weights_root}",
                  "host.freeGB=20", "acceptModelLicense=true"]
     cmd = [K3INFRA, "render", "--stack", "host", "--out", str(out)]
     for o in overrides:
         cmd += ["--config", o]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "K3INFRA_RECEIPT": str(receipt)},
-                          capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=os.environ.copy(), capture_output=True,
+                              text=True, timeout=600)
+    finally:
+        (ROOT / named).unlink()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out / "compose.yaml"
 

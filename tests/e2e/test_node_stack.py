@@ -9,12 +9,17 @@ against the live pod, the faults a user meets, and the accuracy Job (the real lm
 The model is a generated tiny MoE (tests/e2e/tiny_moe.py), generated on the node by a pod
 of the engine image (which also puts that image on the node), served by the loopback Hub
 inside the test's network namespace. Its receipt (tests/e2e/receipts/) is written from
-the tree's `k3infra weights lock` and chosen with K3INFRA_RECEIPT, as a user chooses
-their own receipt.
+the tree's `k3infra weights lock` as a candidate (nothing measured yet), kept in the
+project (receipts/) and named by the stack (`k3:receipt`), as a user names their own.
+The benchmark Job measures it into a receipt (`k3infra bench receipt`); the stack then
+rolls to receipts derived from that one behind the rollout gate (k3:rollout.gate).
 
 What differs from a user's `existing` stack, and why (every key is a stack key a user
 can set; no product code knows it runs in a test):
-- the receipt is the tiny model's, not K3's (K3INFRA_RECEIPT);
+- the receipt is the tiny model's, not K3's (`k3:receipt: receipts/<file>`);
+- `k3:serving.drainSeconds` is 11 s: a candidate has no measured request to size the
+  drain from (its default is then the grace period less 30 s) and the tiny model answers
+  in well under a second;
 - `k3:weights.hubEndpoint` points at the loopback Hub; `k3:weights.storageClass` and
   `k3:serving.cacheStorageClass` at the node's static local volumes;
 - the pods' CPU, memory and volume sizes are scaled to a 2-core, 24 GiB node, and the
@@ -83,6 +88,12 @@ def core(node):
     from kubernetes import client
 
     return client.CoreV1Api(node.cluster.api_client())
+
+
+def apps(node):
+    from kubernetes import client
+
+    return client.AppsV1Api(node.cluster.api_client())
 
 
 def pod_ready(pod) -> bool:
@@ -297,9 +308,10 @@ def hub(node, model):
 
 @pytest.fixture(scope="module")
 def receipt(model, hub, tmp_path_factory) -> Path:
-    path, _lock = tiny_moe.write_receipt(model, hub.commit,
-                                         tmp_path_factory.mktemp("receipt"))
-    return path
+    """The tiny model's receipt as a candidate (nothing measured yet): the stack names it."""
+    out = tmp_path_factory.mktemp("receipt")
+    path, _lock = tiny_moe.write_receipt(model, hub.commit, out)
+    return tiny_moe.as_candidate(path, out / "tiny-moe-cpu-e2e-candidate.yaml")
 
 
 # --- the stack ----------------------------------------------------------------------
@@ -312,9 +324,16 @@ class Stack:
 
     def env(self) -> dict:
         env = self.pulumi.env()
-        env["K3INFRA_RECEIPT"] = str(self.receipt)
         env["KUBECONFIG"] = str(self.node.cluster.kubeconfig)
         return env
+
+    def name_receipt(self, path: Path) -> str:
+        """Put a receipt file into the project's receipts/ (where a user keeps theirs) and
+        return what k3:receipt names it by."""
+        rel = f"receipts/{path.name}"
+        (self.pulumi.cwd / "receipts").mkdir(exist_ok=True)
+        shutil.copyfile(path, self.pulumi.cwd / rel)
+        return rel
 
     def run(self, *args, **kw):
         return self.pulumi.run(*args, **kw)
@@ -340,6 +359,7 @@ NODE_SIZED = (
     ("--path", "k3:serving.shmSizeGi", "1"), ("--path", "k3:serving.cacheSizeGi", "1"),
     ("--path", "k3:serving.tmpSizeGi", "2"),
     ("--path", "k3:serving.cacheStorageClass", STORAGE_CLASS),
+    ("--path", "k3:serving.drainSeconds", "11"),
     *_resources("serving.proxyResources", 0.25, 1, 0.25, 0.5),
     *_resources("weights.prefetchResources", 0.5, 2, 1, 2),
     *_resources("weights.gateResources", 0.25, 2, 0.5, 1),
@@ -380,8 +400,7 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
     pulumi = Pulumi(engine_bin, home, base / "state", project)
     install_provider(pulumi)
     s = Stack(pulumi, node, receipt)
-    pulumi.extra_env.update({"K3INFRA_RECEIPT": str(receipt),
-                             "KUBECONFIG": str(node.cluster.kubeconfig)})
+    pulumi.extra_env.update({"KUBECONFIG": str(node.cluster.kubeconfig)})
     # Volumes for every claim the stack makes: weights (RWX), compile cache, results.
     node.add_volume("weights", 1, "ReadWriteMany")
     node.add_volume("cache-0", 1)
@@ -399,7 +418,8 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
             "auth": base64.b64encode(b"k3e2e:push").decode()}}}).encode()).decode()}})
     commit = yaml.safe_load(receipt.read_text())["engine"]["commit"]
     pulumi.run("stack", "init", "existing")
-    for args in (("k3:weightsRevision", hub.commit),
+    for args in (("k3:receipt", s.name_receipt(receipt)),
+                 ("k3:weightsRevision", hub.commit),
                  ("k3:gpuProduct", PRODUCT),
                  ("--path", "k3:weights.storageClass", STORAGE_CLASS),
                  ("--path", "k3:weights.hubEndpoint", hub.endpoint),
@@ -646,7 +666,9 @@ def test_a_flipped_byte_is_refused_until_restored(stack, node):
 
 def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
     """k3:benchmark.enabled: `pulumi up` waits for the Job (the real `vllm bench serve`
-    through the Service with the key); then fetch, a receipt of this run, compare."""
+    through the Service with the key); then fetch; against the stack's candidate receipt
+    nothing is judged ("nothing measured yet"); `bench receipt` measures the candidate
+    into a receipt of this run, which compare then passes."""
     from k3infra.bench import fetch
 
     # One run of the grid: on these 2 shared cores two runs disagree beyond the +-10 %
@@ -660,51 +682,148 @@ def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
     measured = tmp_path / "measured-receipt.yaml"
     run_dir = next(p for p in results.rglob("SHA256SUMS")).parent
     files = [str(p) for p in fetch.measured_results(run_dir)]
+    # The stack's receipt is a candidate (`--stack existing` reads its k3:receipt): there
+    # is nothing to judge, and compare says so instead of passing.
+    candidate = k3infra(stack, "bench", "compare", *files, "--stack", "existing", check=False)
+    assert candidate.returncode == 1 and "nothing measured yet" in candidate.stdout
     k3infra(stack, "bench", "receipt", *files, "--id", "tiny-moe-cpu-e2e-measured",
-            "--base", str(stack.receipt), "--out", str(measured), "--single-run")
+            "--stack", "existing", "--out", str(measured), "--single-run")
     # Against a receipt measured by this same run: the comparison is honest.
     compare = k3infra(stack, "bench", "compare", *files, "--receipt", str(measured))
     assert compare.returncode == 0
+    stack.measured = measured
     # verify reads the run's results beside the live objects; against the receipt of this
-    # run it reports exactly two drifts, rightly: the StatefulSet records the receipt it
-    # was deployed with (its annotation), and that is the template's, not this one; and
-    # the profile (custom: the engine is built from the test's own recipe).
+    # run it reports exactly three drifts, rightly: the StatefulSet records the receipt it
+    # was deployed with (its id and content), and that is the candidate, not this one;
+    # and the profile (custom: the engine is built from the test's own recipe).
     verify = k3infra(stack, "verify", "--namespace", NS, "--receipt", str(measured),
                      "--results", str(run_dir), check=False)
     drift = drift_rows(verify)
-    assert verify.returncode == 1 and len(drift) == 2, verify.stdout[-3000:]
+    assert verify.returncode == 1 and len(drift) == 3, verify.stdout[-3000:]
     assert "receipt annotation" in drift[0] and "tiny-moe-cpu-e2e-measured" in drift[0]
-    assert profile_drift(drift[1])
+    assert "receipt content" in drift[1]
+    assert profile_drift(drift[2])
 
 
-def test_a_surface_change_rolls_and_never_answers_a_wrong_name(stack, node):
-    """k3:servedModelName: a rolling update `pulumi up` waits for; meanwhile every answer
-    names the old or the new model, or fails with a clear status."""
-    url = service_url(node)
-    seen: list[tuple[int, str]] = []
-    stop = threading.Event()
+class Probe:
+    """GET /v1/models through the Service once a second while a change rolls: every
+    (status, served name) is kept; connection errors are status 0."""
 
-    def probe():
-        while not stop.is_set():
+    def __init__(self, node):
+        self.url, self.seen, self.stop = service_url(node), [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
             try:
-                status, body = request(f"{url}/v1/models", timeout=10)
+                status, body = request(f"{self.url}/v1/models", timeout=10)
             except OSError as exc:
-                seen.append((0, type(exc).__name__))
+                self.seen.append((0, type(exc).__name__))
             else:
-                seen.append((status, body["data"][0]["id"] if status == 200 else str(body)[:60]))
+                self.seen.append((status, body["data"][0]["id"] if status == 200
+                                  else str(body)[:60]))
             time.sleep(1)
 
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    stack.run("config", "set", "k3:servedModelName", "tiny-moe-v2", show=0)
-    stack.up(timeout=1800)
-    stop.set()
-    thread.join(timeout=15)
-    names = {b for s, b in seen if s == 200}
-    print(f"\nduring the rollout: {len(seen)} requests; statuses "
-          f"{sorted({s for s, _ in seen})}; names answered {sorted(names)}")
-    assert names <= {tiny_moe.SERVED_NAME, "tiny-moe-v2"}
-    assert request(f"{url}/v1/models")[1]["data"][0]["id"] == "tiny-moe-v2"
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=15)
+
+    def summary(self) -> str:
+        return (f"{len(self.seen)} requests through the Service; statuses "
+                f"{sorted({s for s, _ in self.seen})}; names answered "
+                f"{sorted({b for s, b in self.seen if s == 200})}")
+
+
+def gate_jobs(node) -> list:
+    from kubernetes import client
+
+    return client.BatchV1Api(node.cluster.api_client()).list_namespaced_job(
+        NS, label_selector="app.kubernetes.io/component=rollout-gate").items
+
+
+def gate_message(node, job) -> str:
+    """The gate container's termination message: the table `pulumi up` shows."""
+    pods = core(node).list_namespaced_pod(NS, label_selector=f"job-name={job.metadata.name}").items
+    states = [s.state.terminated for p in pods for s in (p.status.container_statuses or [])]
+    return "\n".join(t.message or "" for t in states if t is not None)
+
+
+def serving_receipt(node) -> str:
+    return read_pod(node).metadata.annotations["k3infra.dev/receipt"]
+
+
+def roll(stack, node, *extra, check=True) -> tuple[subprocess.CompletedProcess, Probe]:
+    with Probe(node) as probe:
+        proc = stack.up(*extra, check=check, show=40, timeout=2400)
+    print(f"\nup ({' '.join(extra) or 'config as set'}): exit {proc.returncode} in "
+          f"{stack.last_up_seconds:.0f} s; {probe.summary()}")
+    return proc, probe
+
+
+def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
+    """k3:rollout.gate: a new receipt reaches the serving pod, the gate Job benchmarks that
+    pod alone (its own DNS name, not the Service) and judges the run against the new
+    receipt; it passes and is promoted, or it refuses and `pulumi up` fails with the
+    table; `pulumi up --config k3:receipt=<the previous one>` is the way back.
+
+    B is the receipt measured from the candidate's run (the benchmark test) with one
+    engine variable added that the engine ignores: it differs from the candidate in its
+    env, and its figures are this node's. C differs again, with figures (1 ms) no CPU
+    meets. The tolerance is 100 %: two runs on these shared cores differ by tens of %.
+    One replica: a kubelet holds one serving pod (its anti-affinity and GPU request),
+    so there is no spare replica here to keep the previous receipt while the canary is
+    judged: the gate runs after the roll and fails loudly (docs/receipts.md)."""
+    assert getattr(stack, "measured", None), "needs the measured receipt of the benchmark test"
+    b = tiny_moe.variant(stack.measured, tmp_path / "tiny-moe-cpu-e2e-b.yaml",
+                         id="tiny-moe-cpu-e2e-b", env={"K3_E2E_RECEIPT": "b"})
+    c = tiny_moe.variant(b, tmp_path / "tiny-moe-cpu-e2e-c.yaml", id="tiny-moe-cpu-e2e-c",
+                         env={"K3_E2E_RECEIPT_C": "c"},
+                         figures=[(cc, 1.0, 2.0) for cc in (1, 2)])
+    diff = k3infra(stack, "receipt", "diff", str(b), str(c), "--json", check=False)
+    changes = {(x["area"], x["item"]) for x in json.loads(diff.stdout)["changes"]}
+    assert diff.returncode == 1 and ("engine env", "K3_E2E_RECEIPT_C") in changes
+    node.add_volume("gate-results", 1)
+    for args in (("k3:rollout.gate", "true"), ("--path", "k3:benchmark.enabled", "false"),
+                 ("--path", "k3:benchmark.tolerancePct", "100"),
+                 ("k3:receipt", stack.name_receipt(b)), ("k3:servedModelName", "tiny-moe-b")):
+        stack.run("config", "set", *args, show=0)
+
+    # A -> B: rolled, benchmarked alone, judged, promoted.
+    proc, probe = roll(stack, node)
+    (job,) = gate_jobs(node)
+    message = gate_message(node, job)
+    print(f"gate Job {job.metadata.name}: succeeded={job.status.succeeded} "
+          f"{job.status.start_time} -> {job.status.completion_time}\n{message}")
+    assert job.status.succeeded == 1 and "PASSED" in message
+    assert serving_receipt(node) == "tiny-moe-cpu-e2e-b"
+    sts = apps(node).read_namespaced_stateful_set(STS, NS)
+    assert sts.metadata.annotations["k3infra.dev/promoted-template"] == \
+        job.metadata.name.rsplit("-", 1)[1]
+    assert {n for s, n in probe.seen if s == 200} <= {tiny_moe.SERVED_NAME, "tiny-moe-b"}
+
+    # B -> C: the gate refuses; `pulumi up` fails with the table.
+    stack.run("config", "set", "k3:receipt", stack.name_receipt(c), show=0)
+    proc, probe = roll(stack, node, check=False)
+    out = proc.stdout + proc.stderr
+    print("the refusal in `pulumi up`'s output:\n    " + "\n    ".join(
+        line for line in out.splitlines() if "REFUSED" in line or " FAIL" in line))
+    assert proc.returncode != 0 and "REFUSED" in out and "tiny-moe-cpu-e2e-c" in out
+    (job,) = gate_jobs(node)
+    assert job.status.failed == 1
+    # One replica: the pod already runs C (no spare to hold B), as the docs say.
+    assert serving_receipt(node) == "tiny-moe-cpu-e2e-c"
+
+    # The way back: one command.
+    proc, probe = roll(stack, node, "--config", f"k3:receipt=receipts/{b.name}")
+    (job,) = gate_jobs(node)
+    assert job.status.succeeded == 1 and "PASSED" in gate_message(node, job)
+    assert serving_receipt(node) == "tiny-moe-cpu-e2e-b"
+    url = service_url(node)
+    assert request(f"{url}/v1/models")[1]["data"][0]["id"] == "tiny-moe-b"
 
 
 def test_accuracy_job_and_a_baseline_of_this_run(stack, node, tmp_path):

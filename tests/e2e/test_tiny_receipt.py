@@ -1,8 +1,9 @@
 """The test receipt for the generated tiny MoE (fast tier, no torch): written from its
-TEMPLATE and the `k3infra weights lock` of a tree, chosen with K3INFRA_RECEIPT, it
-renders the `existing` stack with the model's flags; the policy pack passes that render
-under it and refuses it under the shipped receipt; the loopback Hub serves the tree to
-the real huggingface_hub client at a 40-hex revision."""
+TEMPLATE and the `k3infra weights lock` of a tree, named by the stack (k3:receipt, a
+file of the project), it renders the `existing` stack with the model's flags; the policy
+pack passes that render under it and refuses it when the stack names the shipped
+receipt; the loopback Hub serves the tree to the real huggingface_hub client at a 40-hex
+revision."""
 from __future__ import annotations
 
 import json
@@ -50,13 +51,15 @@ def written(tmp_path_factory):
 @pytest.fixture(scope="module")
 def rendered(written, tmp_path_factory):
     _tree, receipt, lock = written
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("K3INFRA_RECEIPT", str(receipt))
-        r = render_stack("existing", tiny_moe.stack_overrides(receipt, REVISION, lock) + PREBUILT,
+    named = tiny_moe.in_project(receipt, ROOT)
+    try:
+        r = render_stack("existing", tiny_moe.stack_overrides(named, REVISION, lock) + PREBUILT,
                          ROOT)
-    out = tmp_path_factory.mktemp("render")
-    write_render(r, out)
-    return r, out
+        out = tmp_path_factory.mktemp("render")
+        write_render(r, out)
+        yield r, out
+    finally:
+        (ROOT / named).unlink()
 
 
 def test_written_receipt_is_the_lock_and_the_template(written):
@@ -99,25 +102,35 @@ def test_existing_stack_renders_the_models_flags(rendered):
         "audit its labels")
 
 
-def _policy_check(render_dir: Path, receipt: Path | None):
+def _policy_check(render_dir: Path):
     env = {k: v for k, v in __import__("os").environ.items() if k != "K3INFRA_RECEIPT"}
-    if receipt is not None:
-        env["K3INFRA_RECEIPT"] = str(receipt)
-    return subprocess.run([K3INFRA, "policy", "check", str(render_dir)], env=env,
+    env["COLUMNS"] = "250"      # one table row a line: the assertions read them whole
+    return subprocess.run([K3INFRA, "policy", "check", str(render_dir)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 
-def test_pack_passes_under_the_test_receipt_and_refuses_under_the_shipped(written, rendered):
-    _tree, receipt, _lock = written
+def test_pack_passes_under_the_test_receipt_and_refuses_under_the_shipped(rendered, tmp_path):
+    """The pack judges by the receipt the stack names (plan.json's k3:receipt): the same
+    objects pass under the test receipt they were built from, and are refused when the
+    stack names the shipped one instead."""
+    import shutil
+
     _r, out = rendered
-    ok = _policy_check(out, receipt)
+    ok = _policy_check(out)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "0 mandatory, 0 advisory violation(s)" in ok.stdout
-    shipped = _policy_check(out, None)
+    renamed = tmp_path / "render"
+    shutil.copytree(out, renamed)
+    plan = json.loads((renamed / "plan.json").read_text())
+    plan["config"]["k3:receipt"] = "kimi-k3-8xb300-2026-07-29"
+    (renamed / "plan.json").write_text(json.dumps(plan))
+    shipped = _policy_check(renamed)
     assert shipped.returncode == 1
     failed = " ".join(shipped.stdout.split("FAILED:")[-1].split())
     assert failed == ("k3-gpu-count, k3-gpu-product, k3-hbm-fit, k3-receipt-annotations, "
                       "k3-serve-flags, k3-startup-budget, k3-tree-digest, k3-weights-revision")
+    # The StatefulSet names the receipt it was built from by content: that is the line.
+    assert "annotation k3infra.dev/receipt-sha256" in shipped.stdout
 
 
 def test_a_bad_chosen_receipt_is_one_line(tmp_path):
@@ -126,8 +139,8 @@ def test_a_bad_chosen_receipt_is_one_line(tmp_path):
     env["K3INFRA_RECEIPT"] = str(missing)
     done = subprocess.run([K3INFRA, "receipt", "show"], env=env, capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr == (f"k3infra receipt: receipt {missing} (from K3INFRA_RECEIPT): cannot be "
-                           "read: No such file or directory\n")
+    assert done.stderr == (f"k3infra receipt: receipt {missing} (from K3INFRA_RECEIPT): cannot "
+                           "read as a receipt (no such file)\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"schema": "k3infra.receipt/v1", "id": "Bad Id"}))
     env["K3INFRA_RECEIPT"] = str(bad)

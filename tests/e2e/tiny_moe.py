@@ -21,8 +21,8 @@ In an e2e (the Hub on the namespace's address, the stack on the test receipt):
     revision = hub_loopback.tree_commit(files)
     hub = hub_loopback.serve(model_dir, tiny_moe.REPO, revision, host=address)
     receipt, lock = tiny_moe.write_receipt(model_dir, revision, out_dir)
-    env K3INFRA_RECEIPT=receipt for pulumi (program and pack) and k3infra;
-    config: tiny_moe.stack_overrides(receipt, revision, lock)
+    named = tiny_moe.in_project(receipt, project_root)   # k3:receipt names a project file
+    config: tiny_moe.stack_overrides(named, revision, lock)
 """
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ import json
 import subprocess
 import sys
 import sysconfig
+import uuid
 from pathlib import Path
 
 REPO = "k3infra-e2e/tiny-moe"       # the loopback Hub's repo name for it
+PRODUCT_LABEL = "k3infra-e2e-cpu"    # the template's hardware.gpu_product_label
 SERVED_NAME = "tiny-moe"
 TEMPLATE = Path(__file__).resolve().parent / "receipts" / "tiny-moe-cpu.template.yaml"
 SHARDS = 2
@@ -180,14 +182,56 @@ def write_receipt(model_dir, revision: str, out_dir, repo: str = REPO,
     return receipt, lock_path
 
 
-def stack_overrides(receipt_path, revision: str, lock_path) -> list[str]:
-    """The `k3:*` keys (render --config form) that point a stack at this model: the test
-    receipt's GPU label, the revision and the lock. The stack also needs
-    K3INFRA_RECEIPT=receipt_path in its environment (program, render, pack)."""
+# Where a test puts a receipt inside a project (git-ignored: build/ is), as k3:receipt
+# names a file of the Pulumi project, never one outside it.
+PROJECT_RECEIPTS = Path("build") / "test-receipts"
+
+
+def in_project(receipt_path, root) -> str:
+    """A copy of the receipt inside the project at `root`, under a name no other test
+    run uses; its project-relative path, the value k3:receipt takes."""
+    rel = PROJECT_RECEIPTS / f"{uuid.uuid4().hex[:8]}-{Path(receipt_path).name}"
+    (Path(root) / rel).parent.mkdir(parents=True, exist_ok=True)
+    (Path(root) / rel).write_bytes(Path(receipt_path).read_bytes())
+    return rel.as_posix()
+
+
+def variant(receipt_path, out: Path, *, id: str, **changes) -> Path:
+    """A receipt derived from another one, written to `out` and validated: `env` adds
+    engine variables, `figures` replaces the measured e2el figures ([] with
+    status=candidate: nothing measured), any other key replaces a top-level field."""
     import yaml
 
-    label = yaml.safe_load(Path(receipt_path).read_text())["hardware"]["gpu_product_label"]
-    return [f"gpuProduct={label}", f"weightsRevision={revision}",
+    from k3infra.receipt import load_receipt
+
+    data = yaml.safe_load(Path(receipt_path).read_text())
+    data["id"] = id
+    for name, value in changes.pop("env", {}).items():
+        data["serve"]["engine_env"].append(
+            {"name": name, "value": value, "why": "a variable the engine ignores: this receipt "
+             "differs from the one it was derived from in its engine env (tests/e2e)"})
+    if "figures" in changes:
+        data["measured"] = [{"concurrency": c, "metric": "e2el", "p50_ms": p50, "p99_ms": p99}
+                            for c, p50, p99 in changes.pop("figures")]
+    data.update(changes)
+    out.write_text(f"# Derived by tests/e2e/tiny_moe.py from {Path(receipt_path).name}: do not "
+                   "edit.\n" + yaml.safe_dump(data, sort_keys=False, width=100))
+    load_receipt(str(out))
+    return out
+
+
+def as_candidate(receipt_path, out: Path) -> Path:
+    """The same receipt as a candidate: its placeholder figures dropped, nothing measured."""
+    return variant(receipt_path, out, id=f"{Path(receipt_path).stem}-candidate",
+                   status="candidate", measured_on=None, figures=[], evidence=[],
+                   source=f"tests/e2e/receipts/{TEMPLATE.name} and the tree's weights lock")
+
+
+def stack_overrides(receipt_name: str, revision: str, lock_path) -> list[str]:
+    """The `k3:*` keys (render --config form) that point a stack at this model: the test
+    receipt (k3:receipt: a project file, in_project), its GPU label, the revision and the
+    lock."""
+    return [f"receipt={receipt_name}", f"gpuProduct={PRODUCT_LABEL}", f"weightsRevision={revision}",
             f"weights.lockFile={lock_path}", f"servedModelName={SERVED_NAME}"]
 
 
