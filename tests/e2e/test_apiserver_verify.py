@@ -13,7 +13,6 @@ this test prompted, the Pending pod made verify exit 2 with no table at all.)
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 
@@ -68,8 +67,16 @@ def test_verify_reads_the_live_objects_then_names_a_patched_flag(on_server: Pulu
     sts_api = dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
     (sts,) = sts_api.get(label_selector=INSTANCE_LABEL).items
     namespace, name = sts.metadata.namespace, sts.metadata.name
+    # A whole lock (verify reads it through the one lock reader, its digest recomputed) of
+    # a stand-in tree: the checks that compare it need the marker inside the running pod.
+    from k3infra.weights import tree
+    from k3infra.weights.verify import lock_from_dir
+
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "config.json").write_text("{}\n")
     lock = tmp_path / "lock.json"
-    lock.write_text(json.dumps({"tree_digest": on_server.json("stack", "output")["treeDigest"]}))
+    lock.write_text(tree.lock_to_json(lock_from_dir(str(tmp_path / "tree"), "moonshotai/Kimi-K3",
+                                                    "3f" * 20)))
 
     # Every check the server can answer holds; only those needing a running pod fail.
     before = verify(cluster, namespace, lock, on_server.cwd)
