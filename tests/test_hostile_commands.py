@@ -109,6 +109,38 @@ def test_an_ssh_user_is_not_a_credential():
     assert cfg.engine.git_url.startswith("ssh://git@")
 
 
+@pytest.mark.parametrize("flag, url", [
+    ("--to", "s3://AKIA:secret@k3-weights/m"),
+    ("--to", "gs://key:secret@k3-weights/m"),
+    ("--endpoint", "https://AKIA:secret@minio.lan:9000"),
+    ("--endpoint", "https://secret@minio.lan"),
+])
+def test_weights_mirror_refuses_a_store_url_with_credentials_masked(capsys, flag, url):
+    """The stack keys' rule (podcommon.url_credentials) for the flags that mirror them:
+    the flag named, the credentials masked, the environment named as their way in."""
+    to = [] if flag == "--to" else ["--to", "s3://k3-weights/m"]
+    rc, text = cli(capsys, "weights", "mirror", *to, flag, url, "--revision", GOOD_REVISION)
+    assert rc == 2 and f"argument {flag}: '" in text and "://***@" in text, text
+    assert "secret" not in text and "AWS_ACCESS_KEY_ID" in text
+
+
+@pytest.mark.parametrize("command, sources", [
+    ("lock", "s3://AKIA:secret@k3-weights/m"),
+    ("lock", "hub,az://acct:secret@k3acct/weights"),
+    ("lock", "http://user:secret@kimi-k3-weights-source-0:8080"),
+    ("prefetch", "gs://key:secret@k3-weights/m"),
+])
+def test_weights_sources_refuse_a_url_with_credentials_masked(tmp_path, capsys, command, sources):
+    """`weights lock|prefetch --sources`: one line naming the flag, masked, before any read."""
+    argv = (["lock", "--hub", "o/m", "--revision", GOOD_REVISION, "--out", str(tmp_path / "l.json")]
+            if command == "lock" else ["prefetch", "--lock", str(tmp_path / "missing.json"),
+                                       "--dest", str(tmp_path / "d")])
+    rc, text = cli(capsys, "weights", *argv, "--sources", sources)
+    one_line(text)
+    assert rc == 2 and "--sources: sources '" in text and "://***@" in text, text
+    assert "secret" not in text and "AWS_ACCESS_KEY_ID" in text
+    assert not (tmp_path / "d").exists() and not (tmp_path / "l.json").exists()
+
 # ---- 6. addresses parsed -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "::", "::ffff:0.0.0.0", "0:0:0:0:0:ffff:0:0",

@@ -52,6 +52,17 @@ def mirrors(model: str, field: str, key: str, comma_list: bool = False) -> Calla
     return parse
 
 
+def url(text: str) -> str:
+    """A URL flag (`weights mirror --to`, `--endpoint`): refused, its credentials masked,
+    by the stack keys' own rule (podcommon.url_credentials), before anything can print it."""
+    from k3infra.podcommon import CREDENTIALS_IN_FLAG, url_credentials
+
+    masked = url_credentials(text)
+    if masked is not None:
+        raise argparse.ArgumentTypeError(f"{masked[:200]!r} {CREDENTIALS_IN_FLAG}")
+    return text
+
+
 def seconds(text: str) -> float:
     """A number of seconds: finite, more than 0, at most a day."""
     value = _number(text)
