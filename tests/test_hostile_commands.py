@@ -53,10 +53,30 @@ def test_tolerance_is_bounded_like_its_key(tmp_path, capsys, value):
      "k3:accuracy.concurrency"),
     (["accuracy", "run", "--endpoint", "http://e", "--out", "{d}", "--max-tokens", "inf"],
      "k3:accuracy.maxTokens"),
+    (["weights", "mirror", "--to", "s3://k3-weights/m", "--region", "US East"],
+     "k3:weights.store.region"),
+    (["weights", "mirror", "--to", "s3://k3-weights/m", "--region", "x" * 64],
+     "k3:weights.store.region"),
 ])
 def test_flags_mirroring_keys_take_the_keys_bounds(tmp_path, capsys, argv, key):
     rc, text = cli(capsys, *[a.format(r=_result(tmp_path), d=tmp_path / "d") for a in argv])
     assert rc == 2 and key in text, text
+
+
+def test_a_flag_mirroring_a_text_key_takes_the_text_as_typed():
+    """A section's cross-key rules (a store's one identity) judge keys the flag does not
+    set; a region of digits stays the text the key would hold."""
+    from k3infra.cli import flags
+
+    region = flags.mirrors("StoreConfig", "region", "k3:weights.store.region")
+    assert region("us-east-2") == "us-east-2" and region("1") == "1"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "4.5", "inf", "1e9", "257"])
+def test_mirror_workers_are_bounded_like_hash_workers(capsys, value):
+    """`weights mirror --workers` mirrors no key: bounded like k3:weights.hashWorkers."""
+    rc, text = cli(capsys, "weights", "mirror", "--to", "s3://k3-weights/m", "--workers", value)
+    assert rc == 2 and f"argument --workers: '{value}': must be an integer from 1 to 256" in text, text
 
 
 @pytest.mark.parametrize("argv", [

@@ -43,7 +43,8 @@ def add_mirror_command(sub) -> None:
     mi.add_argument("--hub", metavar="REPO", help="the Hub repo (default: the receipt's model)")
     mi.add_argument("--revision", help="40-hex commit (default: the lock's)")
     mi.add_argument("--endpoint", type=flags.url, help="an S3-compatible, GCS or Azure endpoint (k3:weights.store.endpoint)")
-    mi.add_argument("--region", help="the S3 region (k3:weights.store.region)")
+    mi.add_argument("--region", type=flags.mirrors("StoreConfig", "region", "k3:weights.store.region"),
+                    help="the S3 region (k3:weights.store.region)")
     mi.add_argument("--allow-http", action="store_true", help="allow a plain-HTTP endpoint")
     mi.add_argument("--virtual-hosted", action="store_true",
                     help="S3: the bucket in the host name (the endpoint is https://BUCKET.host)")
@@ -52,7 +53,10 @@ def add_mirror_command(sub) -> None:
                     "k3sha256 metadata this command writes; others are read)")
     mi.add_argument("--dry-run", action="store_true",
                     help="report what does not match the lock; upload nothing (exit 1 if anything)")
-    mi.add_argument("--workers", type=int, default=4, help="files judged or uploaded at once (default 4)")
+    # No key sets the mirror's parallelism: bounded like k3:weights.hashWorkers (files
+    # hashed at once), since every file is hashed before its upload.
+    mi.add_argument("--workers", type=flags.count_from(1, 256), default=4,
+                    help="files judged or uploaded at once (default 4, at most 256)")
     mi.add_argument("--staging", help="where Hub files wait for their upload (default: a temporary "
                     "directory; each file is deleted once uploaded)")
     mi.set_defaults(func=_mirror)
@@ -265,8 +269,6 @@ def _mirror(args: argparse.Namespace) -> int:
                 raise store.StoreError(f"--endpoint {args.endpoint!r} {problem}")
     except store.StoreError as exc:
         raise UsageError(f"--to {args.to!r}: {exc}" if "--endpoint" not in str(exc) else str(exc)) from None
-    if args.workers < 1:
-        raise UsageError(f"--workers {args.workers}: must be a positive integer")
     if args.lock:
         lock, _sha = _load(args.lock)
         for flag, want, have in (("--hub", args.hub, lock.repo), ("--revision", args.revision, lock.revision)):
