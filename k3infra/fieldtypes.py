@@ -11,7 +11,7 @@ Numbers are bounded above as well as below: 10^23 replicas, `inf` GB/s or 1e-300
 physical ceilings (what one node, one cluster or one Kubernetes field can hold), not
 guesses at what is sensible.
 
-Low module: imports nothing from k3infra.
+Low module: imports nothing from k3infra but podcommon (standard library only).
 """
 from __future__ import annotations
 
@@ -21,36 +21,21 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from k3infra.podcommon import credentials_in_url
+
 # Any string of any key: at most this many characters, no control character (a newline,
 # a NUL, an escape), whatever the key's own type. parse.py checks every value with it.
 MAX_STRING = 4096
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-# A URL's userinfo: `scheme://user:password@` (any scheme) or `http(s)://token@` (a token
-# as the user). Credentials in a URL end up in plain text wherever the value goes.
-_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^\s/?#@]*)@")
-CREDENTIALS_IN_URL = ("holds a URL with credentials (user:password@, or a token as the "
-                      "user): they would stand in plain text in plan.json, the pods' env and "
-                      "compose.yaml. Give the URL without them, and the credentials as a "
-                      "secret (`pulumi config set --secret`; for the Hub or a Hub mirror, "
-                      "k3:hfToken, which the pods read from a Kubernetes Secret)")
-
-
-def url_credentials(value: str) -> str | None:
-    """`value` with the credentials of every URL in it masked (`***`), or None when no URL
-    in it carries any (see _URL_USERINFO; `ssh://git@host` names a user, not a secret)."""
-    found = False
-
-    def mask(m: re.Match) -> str:
-        nonlocal found
-        if ":" in m.group(2) or m.group(1).lower() in ("http", "https"):
-            found = True
-            return f"{m.group(1)}://***@"
-        return m.group(0)
-
-    masked = _URL_USERINFO.sub(mask, value)
-    return masked if found else None
+# Credentials inside a URL: the rule is podcommon's (the pod runtime holds its flags to
+# it too); the stack keys' refusal says where they would show and names the Secret keys.
+CREDENTIALS_IN_URL = credentials_in_url(
+    "plan.json, the pods' env and compose.yaml",
+    "as a secret (`pulumi config set --secret`; for the Hub or a Hub mirror, k3:hfToken, "
+    "which the pods read from a Kubernetes Secret; for an object store, "
+    "k3:weights.store.credentialsSecret or serviceAccount)")
 
 
 def string_problem(value: str) -> str | None:

@@ -1,7 +1,7 @@
 """Standard-library helpers shared by the pod runtimes and the operator's machine, one
 copy each: file SHA-256, the one output writer (atomic_write), the one bounded reader
 (open_regular / read_regular) and JSON parser (parse_json), the comma-separated integer
-list of the CLIs.
+list of the CLIs, the one rule for credentials inside a URL (url_credentials).
 
 The weights runtime (ConfigMap package `k3weights`) and the benchmark runtime ship this
 file next to their own modules, so it imports nothing beyond the standard library.
@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import stat
 
 CHUNK = 1 << 20
@@ -133,6 +134,44 @@ def atomic_write(path, data: bytes) -> None:
 
 def atomic_write_text(path, text: str) -> None:
     atomic_write(path, text.encode("utf-8"))
+
+
+# A URL's userinfo: `scheme://user:password@` (any scheme) or `http(s)://token@` (a token
+# as the user). Credentials in a URL end up in plain text wherever the value goes. Here,
+# not in fieldtypes, so that the pod runtime's `--sources` holds the stack keys' rule.
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^\s/?#@]*)@")
+
+
+def url_credentials(value: str) -> str | None:
+    """`value` with the credentials of every URL in it masked (`***`), or None when no URL
+    in it carries any (see _URL_USERINFO; `ssh://git@host` names a user, not a secret)."""
+    found = False
+
+    def mask(m: re.Match) -> str:
+        nonlocal found
+        if ":" in m.group(2) or m.group(1).lower() in ("http", "https"):
+            found = True
+            return f"{m.group(1)}://***@"
+        return m.group(0)
+
+    masked = _URL_USERINFO.sub(mask, value)
+    return masked if found else None
+
+
+def credentials_in_url(shown_in: str, instead: str) -> str:
+    """The one wording of a refusal by url_credentials, for a stack key (fieldtypes) or a
+    flag (CREDENTIALS_IN_FLAG): where the credentials would show, and how to pass them."""
+    return (f"holds a URL with credentials (user:password@, or a token as the user): they "
+            f"would stand in plain text in {shown_in}. Give the URL without them, and the "
+            f"credentials {instead}")
+
+
+# A flag's: the CLIs read a store's credentials as the provider's own tools do.
+CREDENTIALS_IN_FLAG = credentials_in_url(
+    "the shell's history, the process list and this command's output",
+    "in the environment, as the provider's tools read them (AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY; GOOGLE_SERVICE_ACCOUNT_KEY or GOOGLE_APPLICATION_CREDENTIALS; "
+    "AZURE_STORAGE_ACCOUNT_KEY; the Hub's HF_TOKEN)")
 
 
 def int_list(text: str) -> list[int]:

@@ -114,3 +114,19 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
     assert f"(default {s.resources.cpu})" in serving
     assert f"(default {s.resources.memory_gi} Gi)" in serving
     assert f"(default {s.shm_size_gi} Gi)" in serving
+
+
+def test_security_doc_covers_the_object_store_and_its_link_local_holes():
+    """docs/security.md says what the store path defends and what it opens: each node-local
+    identity endpoint the prefetch policy opens (k3infra.operations.network), by address
+    and port, and the mirror's window between its hash and its upload."""
+    from k3infra.operations.network import IDENTITY_ENDPOINTS
+
+    text = (ROOT / "docs" / "security.md").read_text()
+    security = " ".join(text.split())
+    store = " ".join(text.split("## Weights from your object store", 1)[1].split("\n## ", 1)[0].split())
+    for needle in ("obstore", "`weights mirror --to/--endpoint`", "credentialsSecret",
+                   "serviceAccount", "check-lock.sh", "`obstore.put` opens the path again"):
+        assert needle in store, needle
+    for scheme, (cidr, port) in IDENTITY_ENDPOINTS.items():
+        assert f"`{cidr}` for `{scheme}://`" in security and f"on port {port}" in security, scheme

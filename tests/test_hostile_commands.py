@@ -53,10 +53,30 @@ def test_tolerance_is_bounded_like_its_key(tmp_path, capsys, value):
      "k3:accuracy.concurrency"),
     (["accuracy", "run", "--endpoint", "http://e", "--out", "{d}", "--max-tokens", "inf"],
      "k3:accuracy.maxTokens"),
+    (["weights", "mirror", "--to", "s3://k3-weights/m", "--region", "US East"],
+     "k3:weights.store.region"),
+    (["weights", "mirror", "--to", "s3://k3-weights/m", "--region", "x" * 64],
+     "k3:weights.store.region"),
 ])
 def test_flags_mirroring_keys_take_the_keys_bounds(tmp_path, capsys, argv, key):
     rc, text = cli(capsys, *[a.format(r=_result(tmp_path), d=tmp_path / "d") for a in argv])
     assert rc == 2 and key in text, text
+
+
+def test_a_flag_mirroring_a_text_key_takes_the_text_as_typed():
+    """A section's cross-key rules (a store's one identity) judge keys the flag does not
+    set; a region of digits stays the text the key would hold."""
+    from k3infra.cli import flags
+
+    region = flags.mirrors("StoreConfig", "region", "k3:weights.store.region")
+    assert region("us-east-2") == "us-east-2" and region("1") == "1"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "4.5", "inf", "1e9", "257"])
+def test_mirror_workers_are_bounded_like_hash_workers(capsys, value):
+    """`weights mirror --workers` mirrors no key: bounded like k3:weights.hashWorkers."""
+    rc, text = cli(capsys, "weights", "mirror", "--to", "s3://k3-weights/m", "--workers", value)
+    assert rc == 2 and f"argument --workers: '{value}': must be an integer from 1 to 256" in text, text
 
 
 @pytest.mark.parametrize("argv", [
@@ -108,6 +128,38 @@ def test_an_ssh_user_is_not_a_credential():
         "gitRevision": "1" * 40}}, receipt=R)
     assert cfg.engine.git_url.startswith("ssh://git@")
 
+
+@pytest.mark.parametrize("flag, url", [
+    ("--to", "s3://AKIA:secret@k3-weights/m"),
+    ("--to", "gs://key:secret@k3-weights/m"),
+    ("--endpoint", "https://AKIA:secret@minio.lan:9000"),
+    ("--endpoint", "https://secret@minio.lan"),
+])
+def test_weights_mirror_refuses_a_store_url_with_credentials_masked(capsys, flag, url):
+    """The stack keys' rule (podcommon.url_credentials) for the flags that mirror them:
+    the flag named, the credentials masked, the environment named as their way in."""
+    to = [] if flag == "--to" else ["--to", "s3://k3-weights/m"]
+    rc, text = cli(capsys, "weights", "mirror", *to, flag, url, "--revision", GOOD_REVISION)
+    assert rc == 2 and f"argument {flag}: '" in text and "://***@" in text, text
+    assert "secret" not in text and "AWS_ACCESS_KEY_ID" in text
+
+
+@pytest.mark.parametrize("command, sources", [
+    ("lock", "s3://AKIA:secret@k3-weights/m"),
+    ("lock", "hub,az://acct:secret@k3acct/weights"),
+    ("lock", "http://user:secret@kimi-k3-weights-source-0:8080"),
+    ("prefetch", "gs://key:secret@k3-weights/m"),
+])
+def test_weights_sources_refuse_a_url_with_credentials_masked(tmp_path, capsys, command, sources):
+    """`weights lock|prefetch --sources`: one line naming the flag, masked, before any read."""
+    argv = (["lock", "--hub", "o/m", "--revision", GOOD_REVISION, "--out", str(tmp_path / "l.json")]
+            if command == "lock" else ["prefetch", "--lock", str(tmp_path / "missing.json"),
+                                       "--dest", str(tmp_path / "d")])
+    rc, text = cli(capsys, "weights", *argv, "--sources", sources)
+    one_line(text)
+    assert rc == 2 and "--sources: sources '" in text and "://***@" in text, text
+    assert "secret" not in text and "AWS_ACCESS_KEY_ID" in text
+    assert not (tmp_path / "d").exists() and not (tmp_path / "l.json").exists()
 
 # ---- 6. addresses parsed -----------------------------------------------------------------------
 

@@ -310,3 +310,13 @@ def test_the_read_window_fits_the_prefetch_containers_memory():
         return env_of(prefetch(r)[1])["K3_STORE_PARTS_PER_FILE"]
 
     assert [parts(2), parts(1), parts(0.5)] == ["4", "2", "1"]
+
+
+def test_the_read_window_takes_the_request_where_the_memory_limit_is_null():
+    """memoryLimitGi null (the limit is the request, ContainerResources.memory_max_gi): the
+    window is sized by memoryGi, not a TypeError in the render."""
+    r = render("existing", PIN, store(url="s3://k3-weights/models", credentialsSecret="k3-store-keys"),
+               'weights.prefetchResources={"memoryGi": 2, "memoryLimitGi": null}')
+    c = prefetch(r)[1]
+    assert env_of(c)["K3_STORE_PARTS_PER_FILE"] == "4"
+    assert c["resources"]["limits"]["memory"] == "2Gi"

@@ -31,25 +31,49 @@ def mirrors(model: str, field: str, key: str, comma_list: bool = False) -> Calla
     """The argparse type of a flag that sets what `key` sets: field `field` of the config
     section `model` (a class name in k3infra.config, imported when a value is parsed).
     `comma_list`: the flag is `8,16,32` for a list key (returned as that text, checked)."""
+    def check(section, value: Any) -> tuple[Any, Any]:
+        from pydantic import ValidationError
+
+        checked = section.model_construct()
+        try:
+            section.__pydantic_validator__.validate_assignment(checked, field, value)
+        except ValidationError as exc:
+            # The section's own cross-key rules (no location: one identity of a store, a
+            # request within its limit) judge keys this flag does not set; they run once
+            # the field passed and has been assigned.
+            errors = [e for e in exc.errors(include_url=False) if e["loc"]]
+            if errors:
+                return None, errors[0]
+        return getattr(checked, field), None
+
     def parse(text: str) -> Any:
         import k3infra.config as config
-        from pydantic import ValidationError
 
         section = getattr(config, model)
         value = ([_number(v.strip()) for v in text.split(",") if v.strip()] if comma_list
                  else _number(text))
-        try:
-            checked = section.__pydantic_validator__.validate_assignment(
-                section.model_construct(), field, value)
-        except ValidationError as exc:
-            message = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        got, error = check(section, value)
+        if error is not None and error["type"] == "string_type" and not comma_list:
+            got, error = check(section, text)     # a text key (a region `1`): as typed
+        if error is not None:
+            message = error["msg"].removeprefix("Value error, ")
             raise argparse.ArgumentTypeError(f"{text[:40]!r}: {message} (as the stack key "
                                              f"{key})") from None
-        got = getattr(checked, field)
         return ",".join(map(str, got)) if comma_list else got
 
     parse.__name__ = key           # argparse names the type in its messages
     return parse
+
+
+def url(text: str) -> str:
+    """A URL flag (`weights mirror --to`, `--endpoint`): refused, its credentials masked,
+    by the stack keys' own rule (podcommon.url_credentials), before anything can print it."""
+    from k3infra.podcommon import CREDENTIALS_IN_FLAG, url_credentials
+
+    masked = url_credentials(text)
+    if masked is not None:
+        raise argparse.ArgumentTypeError(f"{masked[:200]!r} {CREDENTIALS_IN_FLAG}")
+    return text
 
 
 def seconds(text: str) -> float:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from k3infra.cli import flags
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     from k3infra.weights.__main__ import add_commands
@@ -29,7 +31,7 @@ def add_mirror_command(sub) -> None:
                         "store, verified against the lock; the lock beside it")
     mi.add_argument("dir", nargs="?", help="a local tree to upload (with --lock); omit to take the "
                     "files from the Hub")
-    mi.add_argument("--to", metavar="URL",
+    mi.add_argument("--to", metavar="URL", type=flags.url,
                     help="s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or az://ACCOUNT/CONTAINER[/PREFIX] "
                     "(k3:weights.store.url)")
     mi.add_argument("--stack", help="take the store, the revision and the lock from this stack "
@@ -40,8 +42,9 @@ def add_mirror_command(sub) -> None:
     mi.add_argument("--lock", help="the lock to mirror (default: built from Hub metadata at --revision)")
     mi.add_argument("--hub", metavar="REPO", help="the Hub repo (default: the receipt's model)")
     mi.add_argument("--revision", help="40-hex commit (default: the lock's)")
-    mi.add_argument("--endpoint", help="an S3-compatible, GCS or Azure endpoint (k3:weights.store.endpoint)")
-    mi.add_argument("--region", help="the S3 region (k3:weights.store.region)")
+    mi.add_argument("--endpoint", type=flags.url, help="an S3-compatible, GCS or Azure endpoint (k3:weights.store.endpoint)")
+    mi.add_argument("--region", type=flags.mirrors("StoreConfig", "region", "k3:weights.store.region"),
+                    help="the S3 region (k3:weights.store.region)")
     mi.add_argument("--allow-http", action="store_true", help="allow a plain-HTTP endpoint")
     mi.add_argument("--virtual-hosted", action="store_true",
                     help="S3: the bucket in the host name (the endpoint is https://BUCKET.host)")
@@ -50,7 +53,10 @@ def add_mirror_command(sub) -> None:
                     "k3sha256 metadata this command writes; others are read)")
     mi.add_argument("--dry-run", action="store_true",
                     help="report what does not match the lock; upload nothing (exit 1 if anything)")
-    mi.add_argument("--workers", type=int, default=4, help="files judged or uploaded at once (default 4)")
+    # No key sets the mirror's parallelism: bounded like k3:weights.hashWorkers (files
+    # hashed at once), since every file is hashed before its upload.
+    mi.add_argument("--workers", type=flags.count_from(1, 256), default=4,
+                    help="files judged or uploaded at once (default 4, at most 256)")
     mi.add_argument("--staging", help="where Hub files wait for their upload (default: a temporary "
                     "directory; each file is deleted once uploaded)")
     mi.set_defaults(func=_mirror)
@@ -176,23 +182,25 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _prefetch(args: argparse.Namespace) -> int:
+    from k3infra.cli import UsageError
     from k3infra.weights import prefetch
+    from k3infra.weights.sources import parse_sources
 
     out = _Out()
+    try:
+        sources = parse_sources(args.sources)
+    except ValueError as exc:
+        raise UsageError(f"--sources: {exc}") from None
     lock, lock_sha = _load(args.lock)
     if args.expect_digest and lock.tree_digest != args.expect_digest:
         return out.problems(f"not the measured tree: {args.lock} describes {lock.tree_digest}, "
                             f"expected {args.expect_digest}", [])
     try:
-        from k3infra.weights.sources import parse_sources
-
         report = prefetch.prefetch(lock, lock_sha, args.dest, workers=args.workers,
                                    download_workers=args.max_download_workers,
                                    overlap=not args.no_overlap, attempts=args.attempts, emit=out.line,
-                                   sources=parse_sources(args.sources))
+                                   sources=sources)
     except ValueError as exc:
-        from k3infra.cli import UsageError
-
         raise UsageError(str(exc)) from None
     for note in report.notes:
         print(f"k3infra weights: note: {note}", file=sys.stderr)
@@ -261,8 +269,6 @@ def _mirror(args: argparse.Namespace) -> int:
                 raise store.StoreError(f"--endpoint {args.endpoint!r} {problem}")
     except store.StoreError as exc:
         raise UsageError(f"--to {args.to!r}: {exc}" if "--endpoint" not in str(exc) else str(exc)) from None
-    if args.workers < 1:
-        raise UsageError(f"--workers {args.workers}: must be a positive integer")
     if args.lock:
         lock, _sha = _load(args.lock)
         for flag, want, have in (("--hub", args.hub, lock.repo), ("--revision", args.revision, lock.revision)):

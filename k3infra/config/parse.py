@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from k3infra.config.base import CONFIG_NAMESPACE, SECRET_PLACEHOLDER, ConfigError, Secret
 from k3infra.config.models import SECRET_KEYS, StackConfig
-from k3infra.fieldtypes import CREDENTIALS_IN_URL, string_problem, url_credentials
+from k3infra.fieldtypes import CREDENTIALS_IN_URL, string_problem
+from k3infra.podcommon import url_credentials
 from k3infra.receipt import ChosenReceipt, Receipt, stack_receipt
 
 # Past these a value is not a configuration: refused before pydantic sees it (a JSON

@@ -319,7 +319,8 @@ def store_parts_in_flight(cfg: StackConfig) -> int:
     """Ranged GETs in flight per file, so that the prefetch's read buffers (download
     workers x parts x part size) stay within a quarter of its container's memory limit:
     8 with the default 64 Gi, fewer on a small node."""
-    budget = cfg.weights.prefetch_resources.memory_limit_gi * 2**30 / 4
+    # memory_max_gi: the limit, or the request where memoryLimitGi is null (no limit set).
+    budget = cfg.weights.prefetch_resources.memory_max_gi * 2**30 / 4
     per_part = DOWNLOAD_WORKERS * STORE_PART_BYTES
     return max(1, min(STORE_PARTS_IN_FLIGHT, int(budget // per_part)))
 
@@ -340,7 +341,7 @@ def store_env(cfg: StackConfig) -> list[Tagged]:
             env.append(origin.env(name, value, stack(f"weights.store.{key}", value)))
     env.append(origin.env(STORE_PARTS_ENV, str(store_parts_in_flight(cfg)), k3infra(
         "ranged reads in flight per file, within a quarter of "
-        "k3:weights.prefetchResources.memoryLimitGi")))
+        "k3:weights.prefetchResources.memoryLimitGi (memoryGi where it is null)")))
     if store.credentials_secret:
         env += [Tagged({"name": key, "valueFrom": {"secretKeyRef": {
                     "name": store.credentials_secret, "key": key,

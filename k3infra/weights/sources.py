@@ -37,8 +37,10 @@ from .tree import FileEntry, Lock
 
 try:                       # in a pod: shipped beside this package's modules
     from .httpclient import Deadline, HttpClient, HttpError
+    from .podcommon import CREDENTIALS_IN_FLAG, url_credentials
 except ImportError:        # on the operator's machine: the one copy, k3infra/httpclient.py
     from ..httpclient import Deadline, HttpClient, HttpError
+    from ..podcommon import CREDENTIALS_IN_FLAG, url_credentials
 
 HUB = "hub"
 # A source that failed this many downloads in a row (no success between) is skipped for
@@ -60,6 +62,9 @@ def parse_sources(text: Optional[str]) -> list[str]:
     Hub alone. ValueError names the value and what is accepted."""
     from urllib.parse import urlsplit
 
+    masked = url_credentials(text or "")
+    if masked is not None:        # first: every message below shows the value
+        raise ValueError(f"sources {masked[:200]!r} {CREDENTIALS_IN_FLAG}")
     items = [s.strip().rstrip("/") for s in (text or "").split(",") if s.strip()]
     if not items:
         return [HUB]
