@@ -349,3 +349,22 @@ def test_without_a_config_the_serving_pods_are_still_held_to_the_fixed_rule():
             (_peer({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "c"}}}),
              ALL_PORTS)]
     assert len(_open_to_all(wide)) == 2
+
+
+def test_accuracy_run_refuses_an_endpoint_with_credentials_masked(capsys):
+    """`accuracy run --endpoint` by the same one URL rule: never echoed."""
+    rc, text = cli(capsys, "accuracy", "run", "--endpoint", "https://user:secret@k3.example.com",
+                   "--out", "d")
+    assert rc == 2 and "argument --endpoint: '" in text and "://***@" in text, text
+    assert "secret" not in text
+
+
+def test_a_proxy_cpu_limit_left_null_is_the_request():
+    """k3:serving.proxyResources.cpuLimit null: nginx's workers from the request (its
+    cpu_max), never a TypeError in the render."""
+    from conftest import manifest, render
+
+    r = render("existing", f"weightsRevision={GOOD_REVISION}",
+               'serving={"proxyResources": {"cpu": 1, "cpuLimit": null}}')
+    conf = manifest(r, "ConfigMap", "kimi-k3-proxy")["data"]["nginx.conf"]
+    assert "worker_processes 1;" in conf

@@ -64,14 +64,14 @@ def _key(field: str, name: str = ""):
 
 
 def _endpoint(text: str) -> str:
-    """http(s)://host[:port][/path], no credentials in it (the key goes in a file)."""
-    from urllib.parse import urlsplit
-
+    """http(s)://host[:port][/path], no credentials in it (the key goes in a file): the
+    one URL rule first (flags.url), so a refusal never prints them."""
     from k3infra.fieldtypes import HTTP_URL
 
-    if not HTTP_URL.matches(text) or "@" in urlsplit(text).netloc:
-        raise argparse.ArgumentTypeError(f"{text[:80]!r}: must be an http(s):// URL without "
-                                         "credentials (the key goes in --api-key-file)")
+    text = flags.url(text)
+    if not HTTP_URL.matches(text):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: must be an http(s):// URL (the key "
+                                         "goes in --api-key-file)")
     return text
 
 

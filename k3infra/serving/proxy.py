@@ -110,7 +110,7 @@ def nginx_conf(cfg: StackConfig, keys_file: str = f"{CONF_DIR}/{KEYS_KEY}",
     upstream = "vllm"
     api = "".join(_authorized_location(r, upstream) for r in ALLOWED_ROUTES)
     return nginx.preamble("k3infra authenticating proxy (rendered by k3infra.serving.proxy).",
-                          tmp_dir, 4096, s.proxy_resources.cpu_limit) + f"""    client_max_body_size {MAX_BODY};
+                          tmp_dir, 4096, s.proxy_resources.cpu_max) + f"""    client_max_body_size {MAX_BODY};
     map $http_authorization $k3_authorized {{
         default 0;
         include {keys_file};
