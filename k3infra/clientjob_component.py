@@ -29,9 +29,11 @@ class ClientJob(pulumi.ComponentResource):
                names: JobNames, runtime: Callable[[StackConfig], dict],
                claim: Callable[[StackConfig], dict], job: Callable[[StackConfig], dict],
                timeout_seconds: int, depends_on: Sequence[pulumi.Resource],
-               job_name: Optional[pulumi.Output] = None) -> None:
+               job_name: Optional[pulumi.Output] = None, complete: bool = True) -> None:
         """`job_name`: a name known only at run time (the rollout gate's, from the digest
-        of the template it judges); a new name replaces the Job."""
+        of the template it judges); a new name replaces the Job. `complete=False`: the
+        caller adds children after the Job and registers the outputs itself (the engine
+        refuses a second registration of a component's outputs)."""
         runtime_cm = apply_built(f"{name}-runtime", inputs, runtime, child_options(self, opts))
         # The evidence outlives the stack: `pulumi destroy` leaves the claim in place.
         results = apply_built(f"{name}-results", inputs, claim,
@@ -48,4 +50,8 @@ class ClientJob(pulumi.ComponentResource):
             job(inputs.plain))
         self.results_claim = pulumi.Output.from_input(names.pvc)
         self.job_name = pulumi.Output.from_input(job_name if job_name is not None else names.job)
-        self.register_outputs({"results_claim": self.results_claim, "job_name": self.job_name})
+        if complete:
+            self.register_outputs(self.job_outputs())
+
+    def job_outputs(self) -> dict:
+        return {"results_claim": self.results_claim, "job_name": self.job_name}

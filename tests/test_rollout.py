@@ -200,3 +200,25 @@ def test_the_runner_records_a_candidates_run_without_judging(tmp_path):
     assert log.read_text().splitlines()[-1].startswith(
         f"RECORDED: receipt {CANDIDATE} is a candidate, nothing to judge; run run is its first "
         "measurement")
+
+
+def test_each_component_registers_its_outputs_once(monkeypatch):
+    """The engine refuses a component's second registration of its outputs ("cannot
+    complete a resource whose registration isn't pending", found by the node tier: the
+    gate's Job and its promotion are one component); the SDK's mocks do not."""
+    import pulumi
+
+    from k3infra.render import render_stack
+
+    from conftest import ROOT
+
+    calls: list[str] = []
+    original = pulumi.ComponentResource.register_outputs
+
+    def record(self, outputs):
+        calls.append(self._name)
+        return original(self, outputs)
+
+    monkeypatch.setattr(pulumi.ComponentResource, "register_outputs", record)
+    render_stack("existing", [PIN, "replicas=2", 'benchmark={"enabled": true}'], ROOT)
+    assert "kimi-k3-rollout" in calls and len(calls) == len(set(calls)), calls

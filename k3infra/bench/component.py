@@ -84,7 +84,8 @@ class RolloutGate(ClientJob):
                                           gate=judge),
             timeout_seconds=b.job_timeout_seconds(inputs.plain),
             depends_on=[statefulset, *depends_on],
-            job_name=template_digest.apply(lambda d: rollout.gate_job_name(names.base, d)))
+            job_name=template_digest.apply(lambda d: rollout.gate_job_name(names.base, d)),
+            complete=False)
         self.promotion = None
         if not receipt.is_candidate:
             patch = template_digest.apply(lambda d: rollout.promotion_patch(names, d))
@@ -93,4 +94,4 @@ class RolloutGate(ClientJob):
                 f"{name}-promote", metadata=patch.apply(lambda p: p["metadata"]),
                 spec=patch.apply(lambda p: p["spec"]),
                 opts=child_options(self, opts, self.job, custom_timeouts=rollout_timeouts))
-        self.register_outputs({"job_name": self.job_name})
+        self.register_outputs(self.job_outputs())

@@ -607,9 +607,11 @@ def profile_drift(row: str) -> bool:
 
 def test_verify_and_startup_read_the_live_pod(stack):
     """verify reads the live pod: every check holds but the profile, rightly: the engine
-    is built from a recipe of the test's own (k3:profile custom), not the measured one."""
+    is built from a recipe of the test's own (k3:profile custom), not the measured one.
+    `--stack existing`: verify judges against the receipt the stack names (k3:receipt)."""
     stack_args = ["--namespace", NS]
-    verify = k3infra(stack, "verify", *stack_args, "--no-results", check=False)
+    verify = k3infra(stack, "verify", *stack_args, "--stack", "existing", "--no-results",
+                     check=False)
     drift = drift_rows(verify)
     assert verify.returncode == 1 and len(drift) == 1 and profile_drift(drift[0]), \
         verify.stdout[-3000:]
@@ -691,7 +693,8 @@ def test_benchmark_job_and_a_receipt_of_this_run(stack, node, tmp_path):
     # Against a receipt measured by this same run: the comparison is honest.
     compare = k3infra(stack, "bench", "compare", *files, "--receipt", str(measured))
     assert compare.returncode == 0
-    stack.measured = measured
+    # Kept in the project, where the next tests name receipts derived from it.
+    stack.measured = stack.pulumi.cwd / stack.name_receipt(measured)
     # verify reads the run's results beside the live objects; against the receipt of this
     # run it reports exactly three drifts, rightly: the StatefulSet records the receipt it
     # was deployed with (its id and content), and that is the candidate, not this one;
@@ -787,7 +790,7 @@ def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
     changes = {(x["area"], x["item"]) for x in json.loads(diff.stdout)["changes"]}
     assert diff.returncode == 1 and ("engine env", "K3_E2E_RECEIPT_C") in changes
     node.add_volume("gate-results", 1)
-    for args in (("k3:rollout.gate", "true"), ("--path", "k3:benchmark.enabled", "false"),
+    for args in (("--path", "k3:rollout.gate", "true"), ("--path", "k3:benchmark.enabled", "false"),
                  ("--path", "k3:benchmark.tolerancePct", "100"),
                  ("k3:receipt", stack.name_receipt(b)), ("k3:servedModelName", "tiny-moe-b")):
         stack.run("config", "set", *args, show=0)
