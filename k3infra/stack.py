@@ -212,7 +212,7 @@ class K3ServingStack(pulumi.ComponentResource):
             self.benchmark = Benchmark(
                 f"{name}-benchmark", receipt, inputs, image, self.weights.parts_for,
                 base=instance, namespace=cfg.namespace, labels=naming.labels(instance, "benchmark"),
-                base_url=m.endpoint_url(cfg, names), api_key_secret=names.api_key_secret,
+                base_url=m.benchmark_url(cfg, names), api_key_secret=names.api_key_secret,
                 api_key_secret_key=m.API_KEY_SECRET_KEY,
                 serving_selector=naming.selector_labels(instance),
                 depends_on=[*serving_ready, *secrets], opts=in_ns)

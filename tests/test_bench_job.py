@@ -67,6 +67,16 @@ def test_job_carries_the_receipt_grid_and_the_serving_endpoint(receipt):
     assert c["image"] == vllm["image"]                            # the engine image
 
 
+def test_with_two_replicas_the_job_measures_one_replica_alone():
+    """A receipt's figures are one replica's: through the Service two replicas share the
+    grid's concurrency (the node tier measured c=2 p50 421 ms through two, 880 ms on one).
+    The Job measures the replica the rollout gate judges, by its own DNS name."""
+    r = render("existing", PIN, ON, "replicas=2")
+    cmd = manifest(r, "Job", "kimi-k3-bench")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert _arg(cmd, "--base-url") == "http://kimi-k3-1.kimi-k3-headless.kimi-k3.svc.cluster.local:8000"
+    assert r.outputs["endpoint"] == "http://kimi-k3.kimi-k3.svc.cluster.local:8000"
+
+
 def test_api_key_only_through_the_secret():
     r = render("existing", PIN, ON, "apiKey=sk-bench-DO-NOT-LEAK")
     job = manifest(r, "Job", "kimi-k3-bench")
