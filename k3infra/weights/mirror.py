@@ -126,17 +126,21 @@ class _FromDir:
         pass
 
 
-def _object_sha256(store, key: str) -> str:
+def _object_sha256(reader: store_mod.ObjectReader, key: str, entry: FileEntry) -> str:
+    """The object's first entry.size bytes hashed: ranged reads of the prefetch's own
+    reader, never past the lock's size, each part held to its length and the store
+    client's per-request timeout (store.open_store)."""
     digest = hashlib.sha256()
-    for chunk in obstore.get(store, key).stream(min_chunk_size=8 << 20):
-        digest.update(chunk)
+    for part in reader.read_ordered(key, 0, entry.size):
+        digest.update(part)
     return digest.hexdigest()
 
 
-def _judge(store, key: str, entry: FileEntry, check: bool) -> tuple[Optional[str], bool]:
+def _judge(reader: store_mod.ObjectReader, key: str, entry: FileEntry, check: bool
+           ) -> tuple[Optional[str], bool]:
     """(why the object does not match the lock, or None; whether it was read)."""
     try:
-        head = obstore.get(store, key, options={"head": True})
+        head = obstore.get(reader.store, key, options={"head": True})
     except FileNotFoundError:
         return "missing", False
     size = int(head.meta["size"])
@@ -144,7 +148,7 @@ def _judge(store, key: str, entry: FileEntry, check: bool) -> tuple[Optional[str
         return f"{size} bytes in the store, the lock says {entry.size}", False
     if not check and head.attributes.get(SHA_ATTRIBUTE) == entry.sha256:
         return None, False
-    got = _object_sha256(store, key)
+    got = _object_sha256(reader, key, entry)
     if got != entry.sha256:
         return f"wrong hash: sha256 {got}, the lock says {entry.sha256}", True
     return None, True
@@ -161,20 +165,25 @@ def mirror(lock: Lock, url: store_mod.StoreUrl, *, options: Optional[store_mod.S
     report = MirrorReport(url=str(url), files=len(lock.files), bytes=lock.total_bytes)
     key_of = {e.path: url.tree_key(lock.repo, lock.revision, e.path) for e in lock.files}
 
+    reader = store_mod.ObjectReader(url, store, files=max(1, workers))
+
     def judge(entry: FileEntry):
-        return entry, *_judge(store, key_of[entry.path], entry, check)
+        return entry, *_judge(reader, key_of[entry.path], entry, check)
 
     todo: list[FileEntry] = []
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for entry, why, read in pool.map(judge, lock.files):
-            report.read_back += read
-            if why is None:
-                report.kept_files += 1
-                continue
-            if why != "missing":
-                report.mismatched.append(Problem(entry.path, why))
-            say(f"mirror: {entry.path}: {why}" + ("" if dry_run else "; uploading it"))
-            todo.append(entry)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for entry, why, read in pool.map(judge, lock.files):
+                report.read_back += read
+                if why is None:
+                    report.kept_files += 1
+                    continue
+                if why != "missing":
+                    report.mismatched.append(Problem(entry.path, why))
+                say(f"mirror: {entry.path}: {why}" + ("" if dry_run else "; uploading it"))
+                todo.append(entry)
+    finally:
+        reader.close()
     if dry_run:
         report.problems = [Problem(e.path, "missing") for e in todo
                            if e.path not in {p.path for p in report.mismatched}] + report.mismatched
@@ -233,7 +242,9 @@ def _write_lock(store, url: store_mod.StoreUrl, lock: Lock, say: Emit) -> bool:
     key = url.lock_key(lock.repo, lock.revision)
     text = tree.lock_to_json(lock).encode("utf-8")
     try:
-        if bytes(obstore.get(store, key).bytes()) == text:
+        # Read only when it is this lock's size, and then no further.
+        size = int(obstore.head(store, key)["size"])
+        if size == len(text) and bytes(obstore.get_range(store, key, start=0, end=size)) == text:
             return False
         say(f"mirror: {url.where(key)}: another lock was there; replacing it")
     except FileNotFoundError:

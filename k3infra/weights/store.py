@@ -271,8 +271,11 @@ def open_store(url: StoreUrl, options: Optional[StoreOptions] = None):
                          "shipped recipe's runtime.lock carries it; a released vLLM image does "
                          "not: docs/weights.md, from your own object store)") from None
 
-    client = {"allow_http": opts.allow_http, "timeout": PART_TIMEOUT,
-              "connect_timeout": CONNECT_TIMEOUT}
+    # The store client's bounds, set here only: each request within PART_TIMEOUT (a part
+    # of a ranged read, of a multipart upload), its connect within CONNECT_TIMEOUT; plain
+    # HTTP only to an endpoint the user named with http:// and allowed (allowHttp).
+    plain = opts.allow_http and bool(opts.endpoint) and urlsplit(opts.endpoint).scheme == "http"
+    client = {"allow_http": plain, "timeout": PART_TIMEOUT, "connect_timeout": CONNECT_TIMEOUT}
     prefix = url.prefix or None
     if url.scheme == "s3":
         extra = {"endpoint": opts.endpoint} if opts.endpoint else {}
