@@ -165,7 +165,8 @@ def mirror(lock: Lock, url: store_mod.StoreUrl, *, options: Optional[store_mod.S
     report = MirrorReport(url=str(url), files=len(lock.files), bytes=lock.total_bytes)
     key_of = {e.path: url.tree_key(lock.repo, lock.revision, e.path) for e in lock.files}
 
-    reader = store_mod.ObjectReader(url, store, files=max(1, workers))
+    # Files judged in parallel, one part of each at a time: memory workers x part size.
+    reader = store_mod.ObjectReader(url, store, files=max(1, workers), parts=1)
 
     def judge(entry: FileEntry):
         return entry, *_judge(reader, key_of[entry.path], entry, check)

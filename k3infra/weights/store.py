@@ -312,10 +312,10 @@ class ObjectReader:
     """Ranged reads of objects of one store: a file's parts fetched over several
     connections and handed back in order (bounded: parts in flight x part size per file)."""
 
-    def __init__(self, url: StoreUrl, store, *, files: int = 8):
+    def __init__(self, url: StoreUrl, store, *, files: int = 8, parts: Optional[int] = None):
         self.url, self.store = url, store
         self.part_bytes = _knob(PART_BYTES_ENV, PART_BYTES)
-        self.parts = _knob(PARTS_ENV, PARTS_IN_FLIGHT)
+        self.parts = parts or _knob(PARTS_ENV, PARTS_IN_FLIGHT)
         self._pool = ThreadPoolExecutor(max_workers=max(1, files) * self.parts,
                                         thread_name_prefix="k3-store")
 
