@@ -67,6 +67,21 @@ def test_single_run_needs_saying_so(receipt):
     assert "run-to-run agreement: one run per concurrency only" in new.not_measured
 
 
+def test_an_inter_token_gap_of_zero_is_measured_not_refused(receipt):
+    """Tokens that arrive in one streamed chunk: the CPU engine's c=1 ITL median on the
+    two-node run was 0.0037 ms, which rounds to 0.00 and was refused as `greater than 0`
+    (found by the node tier with two replicas). The gap is written; an e2el of 0 is not."""
+    pairs = _results(receipt, runs=1)
+    for _, data in pairs:
+        data["itls"] = [[3.7e-6] * (len(gaps) - 1) + [sum(gaps)] for gaps in data["itls"]]
+    new = build_receipt(receipt, _parsed(pairs), ReceiptInputs(id="x", single_run=True))
+    assert new.measurement(8, "itl").p50_ms == 0.0
+    doc = new.model_dump(mode="json", by_alias=True)
+    doc["measured"][0] = {**doc["measured"][0], "metric": "e2el", "p50_ms": 0.0}
+    with pytest.raises(ValueError, match="e2el p50_ms and p99_ms must be greater than 0"):
+        parse_receipt(doc)
+
+
 def test_measured_concurrencies_leave_the_not_measured_list(receipt):
     item = next(i for i in receipt.not_measured if i.startswith("concurrency"))
     listed = [int(x) for x in item.split(":")[0].split() if x.isdigit()]

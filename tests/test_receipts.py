@@ -258,6 +258,8 @@ def test_bench_compare_against_a_candidate_judges_nothing(tmp_path, capsys, monk
     assert main(["bench", "compare", *files, "--receipt", CANDIDATE]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "is a candidate: nothing measured yet, so nothing was judged" in out
+    # Its headline says so too: nothing was outside a tolerance (found on the node tier).
+    assert "NOT JUDGED: nothing to judge against" in out and "FAIL" not in out
 
 
 def test_a_bad_receipt_flag_is_one_line(tmp_path, capsys):

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from k3infra.bench.compare import workload_checks
 from k3infra.fileformats import FileFormatError, FileModel, Text, validate
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv
 from k3infra.bench.results import BenchResult, percentile
 from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
-from k3infra.receipt import Receipt, parse_receipt
+from k3infra.receipt import Receipt, parse_receipt, problems
 
 
 class ReceiptWriteError(ValueError):
@@ -272,8 +272,8 @@ def build_receipt(base: Receipt, results: Sequence[BenchResult], inputs: Receipt
         hw["gpu_product_label"] != base.hardware.gpu_product_label)
     try:
         return parse_receipt(data)
-    except ValueError as exc:
-        raise ReceiptWriteError(f"the new receipt does not validate: {exc}") from None
+    except ValidationError as exc:
+        raise ReceiptWriteError(f"the new receipt does not validate: {problems(exc)}") from None
 
 
 def receipt_yaml(receipt: Receipt, base: Receipt, results: Sequence[BenchResult]) -> str:

@@ -69,6 +69,9 @@ def print_comparison(cmp: Comparison, receipt: Receipt, console=None) -> None:
     verdict = {0: styled(("PASS", "green"), ": within tolerance of the receipt"),
                1: styled(("FAIL", "bold red"), ": outside tolerance of the receipt"),
                3: styled(("NOT COMPARABLE", "bold red"), ": not the receipt's workload")}[status]
+    if status == 1 and not cmp.failures:
+        # Exit 1 all the same (never a pass), but nothing was outside any tolerance.
+        verdict = styled(("NOT JUDGED", "bold yellow"), ": nothing to judge against (below)")
     console.print(verdict)
     for reason in cmp.reasons():
         console.print(f"  - {reason}")

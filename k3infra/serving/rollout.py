@@ -107,6 +107,7 @@ def what_happens(receipt: Receipt, cfg: StackConfig) -> str:
               f"a benchmark recorded, not judged (receipt {receipt.id} is a candidate): no promotion")
     if cfg.replicas == 1:
         return (f"gated after the roll: the one replica rolls, then {judged}; a refusal fails "
-                "`pulumi up` with the pod already replaced (no spare replica)")
+                "`pulumi up` with the pod already replaced (no spare replica: with a spare node, "
+                "surge to k3:replicas 2 for the roll, docs/receipts.md)")
     return (f"gated: the canary {cfg.replicas - 1} rolls first, then {judged}, then replicas "
             f"0-{cfg.replicas - 2} roll only if it passes")

@@ -21,6 +21,12 @@ What differs from a user's node, and why:
 - CoreDNS runs as a process of the node, not as a pod (it needs only the API);
 - kube-proxy masquerades all Service traffic (``masqueradeAll``): pods on one bridge
   reach each other's Services without relying on the host's bridge netfilter setting;
+- ``node_fixture(..., nodes=2)`` starts a second kubelet (``k3e2e-node-2``) beside the first,
+  on its own containerd, bridge (10.244.1.0/24), kubelet port and cgroup root (two
+  kubelets under one ``kubepods`` would each reap the other's pods as orphans); the
+  scheduler, kube-proxy, CoreDNS and the registry are shared. Both share the machine's
+  disk: every static volume's node affinity names both nodes, as a shared filesystem
+  (the weights' ReadWriteMany volume) would be on a real cluster;
 - NetworkPolicies are enforced only on a node started with ``network_policy=True``:
   kube-router's policy controller (``tools/engine/netpol``, iptables and ipset) runs
   beside the bridge CNI as a process of the node, not as a DaemonSet; the other nodes
@@ -43,9 +49,9 @@ import pytest
 from apiserver import SERVICE_CIDR, Cluster, ClusterError, _Processes, _free_port, report
 
 NODE_IP_ENV = "K3INFRA_E2E_NODE_IP"
+NODES_ENV = "K3INFRA_E2E_NODES"          # a module that offers two nodes reads it (1 or 2)
 NODE_NAME = "k3e2e-node"
-POD_CIDR = "10.244.0.0/24"
-BRIDGE = "k3br0"
+CLUSTER_CIDR = "10.244.0.0/16"           # node i's pods: 10.244.i.0/24 on bridge k3br<i>
 GPUS = 1
 GPU_RESOURCE = "nvidia.com/gpu"
 STORAGE_CLASS = "k3e2e-local"
@@ -74,14 +80,16 @@ class Node:
     product_label: str
     start_seconds: float
     network_policy: bool             # NetworkPolicies enforced (kube-router's controller)
+    names: tuple[str, ...] = ()      # every node of the set (this one first)
     _pv_count: list = field(default_factory=lambda: [0])
 
-    def containerd_socket(self) -> Path:
-        return self.workdir / "containerd" / "containerd.sock"
+    def containerd_socket(self, node_name: str | None = None) -> Path:
+        index = self.names.index(node_name) if node_name else 0
+        return _NodeParts(self.workdir, index).containerd / "containerd.sock"
 
-    def crictl(self, *args: str) -> str:
-        """`ctr` against the node's containerd (k8s.io namespace), for faults and checks."""
-        return subprocess.run(["ctr", "--address", str(self.containerd_socket()),
+    def crictl(self, *args: str, node_name: str | None = None) -> str:
+        """`ctr` against a node's containerd (k8s.io namespace), for faults and checks."""
+        return subprocess.run(["ctr", "--address", str(self.containerd_socket(node_name)),
                                "--namespace", "k8s.io", *args],
                               check=True, capture_output=True, text=True).stdout
 
@@ -100,7 +108,7 @@ class Node:
                        "storageClassName": STORAGE_CLASS, "local": {"path": str(path)},
                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                            {"key": "kubernetes.io/hostname", "operator": "In",
-                            "values": [self.name]}]}]}}}}
+                            "values": list(self.names or (self.name,))}]}]}}}}
         with self.cluster.api_client() as api:
             client.CoreV1Api(api).create_persistent_volume(pv)
         return path
@@ -147,13 +155,73 @@ def image_layout(name: str) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+@dataclass(frozen=True)
+class _NodeParts:
+    """What is one node's own: its name, containerd, bridge, kubelet port and cgroup root."""
+
+    workdir: Path
+    index: int
+
+    @property
+    def name(self) -> str:
+        return NODE_NAME if self.index == 0 else f"{NODE_NAME}-{self.index + 1}"
+
+    @property
+    def dir(self) -> Path:          # the first node's paths are those of a one-node run
+        return self.workdir if self.index == 0 else self.workdir / self.name
+
+    @property
+    def containerd(self) -> Path:
+        return self.dir / "containerd"
+
+    @property
+    def bridge(self) -> str:
+        return f"k3br{self.index}"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.244.{self.index}.0/24"
+
+    @property
+    def cgroup_root(self) -> str:
+        return "/" if self.index == 0 else f"/{self.name}"
+
+
+def _cgroup_dirs(root: str) -> list[Path]:
+    """The node's cgroup root in every cgroup v1 hierarchy (and v2's, where mounted)."""
+    base = Path("/sys/fs/cgroup")
+    hierarchies = [d for d in base.iterdir() if d.is_dir()] if not (base / "cgroup.controllers").exists() \
+        else [base]
+    return [h / root.strip("/") for h in hierarchies]
+
+
+def _make_cgroup_root(root: str) -> None:
+    """The kubelet refuses a cgroup root that does not exist; a new cpuset child has no
+    CPUs or memory nodes until given its parent's."""
+    for path in _cgroup_dirs(root):
+        path.mkdir(exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if (path / name).exists() and not (path / name).read_text().strip():
+                (path / name).write_text((path.parent / name).read_text())
+
+
+def _remove_cgroup_root(root: str) -> None:
+    """Depth first: a cgroup directory goes once its children and processes are gone."""
+    for top in _cgroup_dirs(root):
+        if top.is_dir():
+            for path in sorted((p for p in top.rglob("*") if p.is_dir()),
+                               key=lambda p: len(p.parts), reverse=True) + [top]:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+
+
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
 
-def _containerd_config(work: Path, registry: str, pause: str) -> Path:
+def _containerd_config(work: Path, registry: str, pause: str, cni: Path) -> Path:
     hosts = work / "certs.d"
     _write(hosts / registry / "hosts.toml",
            f'server = "http://{registry}"\n[host."http://{registry}"]\n'
@@ -176,28 +244,33 @@ state = "{work / 'state'}"
       runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "{work.parent / 'cni'}"
+    conf_dir = "{cni}"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{hosts}"
 """)
 
 
-def _cni_config(work: Path) -> None:
+def _cni_config(node: _NodeParts) -> Path:
+    """The node's bridge and pod range; pods of the two nodes reach each other through
+    the namespace's routes (both bridges are its own)."""
+    work = node.dir
     _write(work / "cni" / "10-k3e2e.conflist", json.dumps({
         "cniVersion": "0.4.0", "name": "k3e2e",
-        "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True,
+        "plugins": [{"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": True,
                      "hairpinMode": True,
-                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_cidr}]],
                               "routes": [{"dst": "0.0.0.0/0"}],
                               "dataDir": str(work / "cni-ipam")}},
                     {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=1))
+    return work / "cni"
 
 
-def _kubelet_config(work: Path, cluster: Cluster, node_ip: str, socket: Path) -> Path:
-    pki = cluster.workdir / "pki"
+def _kubelet_config(node: _NodeParts, cluster: Cluster, node_ip: str, socket: Path) -> Path:
+    pki, work = cluster.workdir / "pki", node.dir
     return _write(work / "kubelet.yaml", json.dumps({
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "address": node_ip, "port": 10250, "readOnlyPort": 0, "healthzPort": 0,
+        "address": node_ip, "port": 10250 + node.index, "readOnlyPort": 0, "healthzPort": 0,
+        "cgroupRoot": node.cgroup_root,
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                            "x509": {"clientCAFile": str(pki / "ca.crt")}},
         "authorization": {"mode": "AlwaysAllow"},
@@ -225,7 +298,7 @@ def _proxy_config(work: Path, kubeconfig: Path) -> Path:
     return _write(work / "kube-proxy.yaml", json.dumps({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": NODE_NAME, "mode": "iptables", "clusterCIDR": POD_CIDR,
+        "hostnameOverride": NODE_NAME, "mode": "iptables", "clusterCIDR": CLUSTER_CIDR,
         "iptables": {"masqueradeAll": True, "syncPeriod": "5s", "minSyncPeriod": "0s"},
         # Conntrack limits are global, not per namespace: leave the machine's alone.
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
@@ -261,28 +334,28 @@ def _wait(what: str, ready, procs: _Processes, deadline: float, interval: float 
     raise ClusterError(f"{what} not ready after {START_TIMEOUT_S:.0f} s{last}\n{procs.logs()}")
 
 
-def _node_ready(cluster: Cluster) -> bool:
+def _node_ready(cluster: Cluster, name: str) -> bool:
     from kubernetes import client
 
     with cluster.api_client() as api:
-        node = client.CoreV1Api(api).read_node(NODE_NAME)
+        node = client.CoreV1Api(api).read_node(name)
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
-def _advertise_gpus(cluster: Cluster) -> None:
+def _advertise_gpus(cluster: Cluster, name: str) -> None:
     """What a device plugin does: the node's capacity names the extended resource."""
     from kubernetes import client
 
     with cluster.api_client() as api:
         client.CoreV1Api(api).patch_node_status(
-            NODE_NAME, {"status": {"capacity": {GPU_RESOURCE: str(GPUS)}}})
+            name, {"status": {"capacity": {GPU_RESOURCE: str(GPUS)}}})
 
 
-def _gpus_allocatable(cluster: Cluster) -> bool:
+def _gpus_allocatable(cluster: Cluster, name: str) -> bool:
     from kubernetes import client
 
     with cluster.api_client() as api:
-        node = client.CoreV1Api(api).read_node(NODE_NAME)
+        node = client.CoreV1Api(api).read_node(name)
     return (node.status.allocatable or {}).get(GPU_RESOURCE) == str(GPUS)
 
 
@@ -305,47 +378,39 @@ def _policy_chains_ready() -> bool:
 
 @contextlib.contextmanager
 def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
-             images: tuple[str, ...], network_policy: bool = False) -> Iterator[Node]:
-    """Start the registry, containerd, CoreDNS, kube-scheduler, the kubelet and kube-proxy
-    (and with `network_policy` kube-router's NetworkPolicy controller); push `images`
-    (plus the pause image); stop everything on exit."""
+             images: tuple[str, ...], network_policy: bool = False,
+             nodes: int = 1) -> Iterator[Node]:
+    """Start the registry, CoreDNS, kube-scheduler and kube-proxy, then containerd and a
+    kubelet per node (`nodes`: 1 or 2; with `network_policy` kube-router's NetworkPolicy
+    controller); push `images` (plus the pause image); stop everything on exit."""
     from registry import remove_stores, run_registry
 
     started = time.monotonic()
     deadline = started + START_TIMEOUT_S
     bin_dir = cluster.bin_dir
     procs = _Processes(workdir)
+    parts = [_NodeParts(workdir, i) for i in range(nodes)]
     with _kernel_settings_restored(), run_registry(workdir / "registry", host=node_ip) as reg:
         try:
             pushed = {name: reg.push(image_layout(name), f"k3e2e/{name}", "e2e")
                       for name in ("pause", *images)}
-            cd = workdir / "containerd"
-            _cni_config(workdir)
-            procs.start("containerd", ["containerd", "--config",
-                                       str(_containerd_config(cd, reg.address, pushed["pause"]))])
-            socket = cd / "containerd.sock"
-            _wait("containerd", socket.exists, procs, deadline)
-
             procs.start("coredns", [str(bin_dir / "coredns"), "-conf",
                                     str(_corefile(workdir, node_ip, cluster.kubeconfig,
                                                   cluster.context))])
             procs.start("kube-scheduler", [
                 str(bin_dir / "kube-scheduler"), f"--kubeconfig={cluster.kubeconfig}",
                 "--leader-elect=false", "--secure-port=0"])
-            kubelet_dir = workdir / "kubelet"
-            procs.start("kubelet", [
-                str(bin_dir / "kubelet"),
-                f"--config={_kubelet_config(workdir, cluster, node_ip, socket)}",
-                f"--kubeconfig={cluster.kubeconfig}", f"--root-dir={kubelet_dir}",
-                f"--node-ip={node_ip}", f"--hostname-override={NODE_NAME}",
-                f"--node-labels=nvidia.com/gpu.product={product_label}",
-                f"--cert-dir={kubelet_dir / 'pki'}", "--v=1"])
+            for part in parts:
+                _start_kubelet(procs, part, cluster, node_ip, product_label, reg.address,
+                               pushed["pause"], deadline)
             procs.start("kube-proxy", [str(bin_dir / "kube-proxy"),
                                        f"--config={_proxy_config(workdir, cluster.kubeconfig)}"])
-            _wait("node Ready", lambda: _node_ready(cluster), procs, deadline)
-            _advertise_gpus(cluster)
-            _wait(f"{GPU_RESOURCE} allocatable", lambda: _gpus_allocatable(cluster), procs,
-                  deadline)
+            for part in parts:
+                _wait(f"node {part.name} Ready", lambda: _node_ready(cluster, part.name), procs,
+                      deadline)
+                _advertise_gpus(cluster, part.name)
+                _wait(f"{GPU_RESOURCE} allocatable on {part.name}",
+                      lambda: _gpus_allocatable(cluster, part.name), procs, deadline)
             _storage_class(cluster)
             if network_policy:
                 # After Ready: the controller reads the node's InternalIP at start.
@@ -357,19 +422,43 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
             yield Node(name=NODE_NAME, ip=node_ip, cluster=cluster, images=pushed,
                        registry=reg.address, workdir=workdir, volumes=workdir / "volumes",
                        product_label=product_label,
-                       start_seconds=time.monotonic() - started, network_policy=network_policy)
+                       start_seconds=time.monotonic() - started, network_policy=network_policy,
+                       names=tuple(p.name for p in parts))
         finally:
             procs.stop()
-            _remove_pod_sandboxes(workdir)
-            # containerd's content and snapshots (about 10 GB with the engine image); the
-            # registry removes its blobs itself as it stops. The logs stay.
-            remove_stores(workdir / "containerd" / "root")
+            for part in parts:
+                _remove_pod_sandboxes(part.containerd)
+                # containerd's content and snapshots (about 10 GB with the engine image);
+                # the registry removes its blobs itself as it stops. The logs stay.
+                remove_stores(part.containerd / "root")
+                if part.index:
+                    _remove_cgroup_root(part.cgroup_root)
 
 
-def _remove_pod_sandboxes(workdir: Path) -> None:
+def _start_kubelet(procs: _Processes, part: _NodeParts, cluster: Cluster, node_ip: str,
+                   product_label: str, registry: str, pause: str, deadline: float) -> None:
+    """One node's containerd and kubelet."""
+    suffix = f"-{part.index + 1}" if part.index else ""
+    if part.index:
+        _make_cgroup_root(part.cgroup_root)
+    procs.start(f"containerd{suffix}", ["containerd", "--config", str(_containerd_config(
+        part.containerd, registry, pause, _cni_config(part)))])
+    socket = part.containerd / "containerd.sock"
+    _wait(f"containerd{suffix}", socket.exists, procs, deadline)
+    kubelet_dir = part.dir / "kubelet"
+    procs.start(f"kubelet{suffix}", [
+        str(cluster.bin_dir / "kubelet"),
+        f"--config={_kubelet_config(part, cluster, node_ip, socket)}",
+        f"--kubeconfig={cluster.kubeconfig}", f"--root-dir={kubelet_dir}",
+        f"--node-ip={node_ip}", f"--hostname-override={part.name}",
+        f"--node-labels=nvidia.com/gpu.product={product_label}",
+        f"--cert-dir={kubelet_dir / 'pki'}", "--v=1"])
+
+
+def _remove_pod_sandboxes(containerd: Path) -> None:
     """Containers the kubelet left (it does not stop pods when it stops): kill what still
     runs under the node's runc root, so nothing outlives the test run."""
-    root = workdir / "containerd" / "state"
+    root = containerd / "state"
     for pidfile in root.rglob("init.pid"):
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pidfile.read_text()), 9)
@@ -392,9 +481,10 @@ def missing(cluster_bin: Path, network_policy: bool = False) -> str | None:
     return None
 
 
-def node_fixture(product_label: str, images: tuple[str, ...], network_policy: bool = False):
+def node_fixture(product_label: str, images: tuple[str, ...], network_policy: bool = False,
+                 nodes: int = 1):
     """A session fixture `node` for a test receipt's GPU product label and images; with
-    `network_policy` the node enforces NetworkPolicies."""
+    `network_policy` the node enforces NetworkPolicies; `nodes` kubelets (1 or 2)."""
 
     @pytest.fixture(scope="session")
     def node(request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory) -> Iterator[Node]:
@@ -403,10 +493,10 @@ def node_fixture(product_label: str, images: tuple[str, ...], network_policy: bo
             pytest.skip(reason)
         workdir = tmp_path_factory.mktemp("node")
         with run_node(cluster, workdir, os.environ[NODE_IP_ENV], product_label, images,
-                      network_policy) as n:
+                      network_policy, nodes) as n:
             enforcing = ", kube-router's NetworkPolicy controller" if network_policy else ""
             report(request.config,
-                   f"\nnode {n.name} ({n.ip}): kubelet, containerd, kube-proxy, CoreDNS{enforcing}; "
+                   f"\nnode {', '.join(n.names)} ({n.ip}): kubelet, containerd, kube-proxy, CoreDNS{enforcing}; "
                    f"Ready with {GPU_RESOURCE}={GPUS} in {n.start_seconds:.1f} s; "
                    f"images {', '.join(n.images.values())}; logs in {workdir}")
             yield n

@@ -40,11 +40,17 @@ can set; no product code knows it runs in a test):
   (a random-weight model on 2 cores: the plumbing, not the scores, is under test);
 - `k3:benchmark.runs: 1`: two runs of the grid on 2 shared cores disagree beyond the
   +-10 % tolerance, which says nothing about the plumbing under test.
+
+One replica on one node in CI (two CPU engines and their rolls would add minutes to the
+longest lane). `K3INFRA_E2E_NODES=2` (docs/e2e.md) starts a second kubelet and runs the
+stack with `k3:replicas: 2`: the gate's canary is then judged while the other replica
+keeps serving the previous receipt.
 """
 from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -61,7 +67,7 @@ import tiny_moe
 from build_job import broken_recipe
 from engine import Pulumi, copy_project, install_provider
 from engine import engine_bin  # noqa: F401  (fixture)
-from node import GPU_RESOURCE, STORAGE_CLASS, node_fixture, wait_for
+from node import GPU_RESOURCE, NODES_ENV, STORAGE_CLASS, node_fixture, wait_for
 
 pytest_plugins = ["apiserver"]
 pytestmark = [pytest.mark.e2e, pytest.mark.node]
@@ -73,8 +79,10 @@ NS = "kimi-k3"                       # the stack program's instance = its namesp
 STS = "kimi-k3"
 POD = f"{STS}-0"
 API_KEY = "e2e-node-key-0123456789abcdef"   # test-only
+REPLICAS = int(os.environ.get(NODES_ENV) or 1)   # one serving pod per node (1 or 2)
 
-node = node_fixture(PRODUCT, images=("engine-cpu", "proxy", "buildkit", "base", "accuracy"))
+node = node_fixture(PRODUCT, images=("engine-cpu", "proxy", "buildkit", "base", "accuracy"),
+                    nodes=REPLICAS)
 BUILD_NS = f"{NS}-build"             # k3:engine.buildNamespace's default
 RECIPE = "recipes/tiny-engine"       # k3:engine.recipeDir, in the project
 PUSH_SECRET = "push"
@@ -155,10 +163,10 @@ def container_log(node, container="vllm", previous=False, name=POD) -> str:
 
 
 def kill_container(node, pod, container: str) -> str:
-    """SIGKILL a container's process on the node, as an OOM kill or a crash would."""
+    """SIGKILL a container's process on its node, as an OOM kill or a crash would."""
     status = next(s for s in pod.status.container_statuses if s.name == container)
     cid = status.container_id.split("://", 1)[1]
-    node.crictl("task", "kill", "--signal", "SIGKILL", cid)
+    node.crictl("task", "kill", "--signal", "SIGKILL", cid, node_name=pod.spec.node_name)
     return cid
 
 
@@ -403,7 +411,8 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
     pulumi.extra_env.update({"KUBECONFIG": str(node.cluster.kubeconfig)})
     # Volumes for every claim the stack makes: weights (RWX), compile cache, results.
     node.add_volume("weights", 1, "ReadWriteMany")
-    node.add_volume("cache-0", 1)
+    for i in range(REPLICAS):
+        node.add_volume(f"cache-{i}", 1)
     node.add_volume("bench-results", 1)
     node.add_volume("accuracy-results", 1)
     pulumi.shell("cp stacks/examples/Pulumi.existing.yaml stacks/", show=0)
@@ -428,7 +437,10 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
                  ("--path", "k3:serving.proxyImage", node.images["proxy"]),
                  ("k3:servedModelName", tiny_moe.SERVED_NAME),
                  ("--secret", "k3:apiKey", API_KEY),
-                 ("k3:acceptModelLicense", "true"), *NODE_SIZED):
+                 ("k3:acceptModelLicense", "true"), *NODE_SIZED,
+                 # Two replicas: the gate stays off until the receipt test turns it on.
+                 *((("k3:replicas", str(REPLICAS)), ("--path", "k3:rollout.gate", "false"))
+                   if REPLICAS > 1 else ())):
         pulumi.run("config", "set", *args, show=0)
     yield s
     pulumi.run("destroy", "--yes", "--continue-on-error", check=False, show=10, timeout=900)
@@ -755,8 +767,12 @@ def gate_message(node, job) -> str:
     return "\n".join(t.message or "" for t in states if t is not None)
 
 
-def serving_receipt(node) -> str:
-    return read_pod(node).metadata.annotations["k3infra.dev/receipt"]
+def serving_receipt(node, ordinal: int = 0) -> str:
+    return read_pod(node, f"{STS}-{ordinal}").metadata.annotations["k3infra.dev/receipt"]
+
+
+def serving_receipts(node) -> list[str]:
+    return [serving_receipt(node, i) for i in range(REPLICAS)]
 
 
 def roll(stack, node, *extra, check=True) -> tuple[subprocess.CompletedProcess, Probe]:
@@ -777,9 +793,11 @@ def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
     engine variable added that the engine ignores: it differs from the candidate in its
     env, and its figures are this node's. C differs again, with figures (1 ms) no CPU
     meets. The tolerance is 100 %: two runs on these shared cores differ by tens of %.
-    One replica: a kubelet holds one serving pod (its anti-affinity and GPU request),
-    so there is no spare replica here to keep the previous receipt while the canary is
-    judged: the gate runs after the roll and fails loudly (docs/receipts.md)."""
+    One replica (CI): a kubelet holds one serving pod (its anti-affinity and GPU
+    request), so there is no spare replica to keep the previous receipt while the canary
+    is judged: the gate runs after the roll and fails loudly (docs/receipts.md). Two
+    (`K3INFRA_E2E_NODES=2`): the canary is the highest ordinal; the other replica keeps
+    serving the previous receipt until the gate passes, and through a refusal."""
     assert getattr(stack, "measured", None), "needs the measured receipt of the benchmark test"
     b = tiny_moe.variant(stack.measured, tmp_path / "tiny-moe-cpu-e2e-b.yaml",
                          id="tiny-moe-cpu-e2e-b", env={"K3_E2E_RECEIPT": "b"})
@@ -802,11 +820,13 @@ def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
     print(f"gate Job {job.metadata.name}: succeeded={job.status.succeeded} "
           f"{job.status.start_time} -> {job.status.completion_time}\n{message}")
     assert job.status.succeeded == 1 and "PASSED" in message
-    assert serving_receipt(node) == "tiny-moe-cpu-e2e-b"
+    assert serving_receipts(node) == ["tiny-moe-cpu-e2e-b"] * REPLICAS
     sts = apps(node).read_namespaced_stateful_set(STS, NS)
     assert sts.metadata.annotations["k3infra.dev/promoted-template"] == \
         job.metadata.name.rsplit("-", 1)[1]
     assert {n for s, n in probe.seen if s == 200} <= {tiny_moe.SERVED_NAME, "tiny-moe-b"}
+    if REPLICAS > 1:    # one replica always served: no request failed
+        assert {s for s, _ in probe.seen} == {200}, probe.summary()
 
     # B -> C: the gate refuses; `pulumi up` fails with the table.
     stack.run("config", "set", "k3:receipt", stack.name_receipt(c), show=0)
@@ -817,16 +837,60 @@ def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
     assert proc.returncode != 0 and "REFUSED" in out and "tiny-moe-cpu-e2e-c" in out
     (job,) = gate_jobs(node)
     assert job.status.failed == 1
-    # One replica: the pod already runs C (no spare to hold B), as the docs say.
-    assert serving_receipt(node) == "tiny-moe-cpu-e2e-c"
+    # The canary runs C; every other replica still serves B. With one replica the pod
+    # already runs C (no spare to hold B), as the docs say.
+    held = serving_receipts(node)
+    print(f"after the refusal, replicas serve {held}")
+    assert held == ["tiny-moe-cpu-e2e-b"] * (REPLICAS - 1) + ["tiny-moe-cpu-e2e-c"]
+    if REPLICAS > 1:
+        assert {s for s, _ in probe.seen} == {200}, probe.summary()
 
     # The way back: one command.
     proc, probe = roll(stack, node, "--config", f"k3:receipt=receipts/{b.name}")
     (job,) = gate_jobs(node)
     assert job.status.succeeded == 1 and "PASSED" in gate_message(node, job)
-    assert serving_receipt(node) == "tiny-moe-cpu-e2e-b"
+    assert serving_receipts(node) == ["tiny-moe-cpu-e2e-b"] * REPLICAS
     url = service_url(node)
     assert request(f"{url}/v1/models")[1]["data"][0]["id"] == "tiny-moe-b"
+
+
+@pytest.mark.skipif(REPLICAS < 2, reason=f"two replicas need two nodes: {NODES_ENV}=2 "
+                    "(docs/e2e.md; CI runs one)")
+def test_two_replicas_a_drain_that_would_take_both_is_refused(stack, node):
+    """The rendered PodDisruptionBudget (maxUnavailable 1) with two replicas on two nodes:
+    draining the second node evicts its replica, which cannot come back (its node is
+    cordoned, the other holds replica 0: anti-affinity); a drain of the first node is then
+    refused (429) and replica 0 keeps serving; uncordoned, replica 1 is Ready again
+    through the gate on the shared weights. Every request through the Service answered."""
+    import drain
+
+    api = core(node)
+    selector = "app.kubernetes.io/component=serving"
+    second = read_pod(node, f"{STS}-1").spec.node_name
+    first = read_pod(node, f"{STS}-0").spec.node_name
+    assert first != second, (first, second)
+    start = time.monotonic()
+    try:
+        with Probe(node) as probe:
+            took = drain.drain(api, second, NS, selector, timeout=30)
+            print(f"\ndrain {second}: {[(a.pod, a.status, round(a.seconds, 1)) for a in took]}")
+            assert [a.pod for a in took if a.evicted] == [f"{STS}-1"]
+            wait_for("replica 1 Pending (nowhere to go)", lambda: (lambda p: p and p.status.phase
+                     == "Pending" and not p.spec.node_name)(read_pod(node, f"{STS}-1")),
+                     timeout=120)
+            refused = drain.drain(api, first, NS, selector, timeout=10)
+            print(f"drain {first}: {[(a.pod, a.status, a.message[:70]) for a in refused][-1]}")
+            assert refused and all(a.status == drain.BLOCKED for a in refused)
+            assert pod_ready(read_pod(node, f"{STS}-0"))
+    finally:
+        drain.uncordon(api, first)
+        drain.uncordon(api, second)
+    pod = wait_for("replica 1 Ready again", lambda: (lambda p: p if p and pod_ready(p) else None)(
+        read_pod(node, f"{STS}-1")), timeout=900, interval=3)
+    print(f"replica 1 Ready again on {pod.spec.node_name} {time.monotonic() - start:.0f} s "
+          f"after the drain began; {probe.summary()}")
+    assert {s for s, _ in probe.seen} == {200}, probe.summary()
+    assert "k3-phase name=gate event=end" in container_log(node, name=f"{STS}-1")
 
 
 def test_accuracy_job_and_a_baseline_of_this_run(stack, node, tmp_path):
