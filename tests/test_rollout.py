@@ -71,8 +71,11 @@ def test_two_replicas_hold_all_but_the_canary_and_gate_it():
     assert patch["inputs"]["spec"] == {"updateStrategy": {"type": "RollingUpdate",
                                                           "rollingUpdate": {"partition": 0}}}
     assert patch["inputs"]["metadata"]["name"] == "kimi-k3"
+    # Its own await: every replica ready on the new template (the StatefulSet's, which the
+    # provider would read otherwise, is the canary's: `up` returned with replica 0 old).
     assert patch["inputs"]["metadata"]["annotations"] == {
-        PROMOTED_ANNOTATION: name.rsplit("-", 1)[1], "pulumi.com/patchForce": "true"}
+        PROMOTED_ANNOTATION: name.rsplit("-", 1)[1], "pulumi.com/patchForce": "true",
+        "pulumi.com/waitFor": '["jsonpath={$[?@.readyReplicas == 2 && @.updatedReplicas == 2]}"]'}
     assert patch["customTimeouts"] == sts_res["customTimeouts"]
 
 

@@ -176,6 +176,16 @@ def test_drain_outlasts_the_slowest_measured_request(receipt):
     assert grace >= drain + m.SHUTDOWN_SECONDS
 
 
+def test_the_proxy_drains_as_long_as_the_engine():
+    """The proxy is the pod's one listener: it keeps answering through the drain (nginx
+    stops at once on SIGTERM), or a replaced replica refuses requests its engine would
+    still serve (found by the node tier's two-replica roll)."""
+    pod = manifest(render("existing", PIN), "StatefulSet")["spec"]["template"]["spec"]
+    vllm, proxy = pod["containers"]
+    assert proxy["name"] == "proxy"
+    assert proxy["lifecycle"] == vllm["lifecycle"] == {"preStop": {"sleep": {"seconds": 29}}}
+
+
 def test_grace_shorter_than_drain_is_refused(tmp_path, capsys):
     from k3infra.cli import main
 

@@ -88,8 +88,9 @@ class RolloutGate(ClientJob):
             complete=False)
         self.promotion = None
         if not receipt.is_candidate:
-            patch = template_digest.apply(lambda d: rollout.promotion_patch(names, d))
-            # Waits like the StatefulSet itself: every replica Ready on the new template.
+            replicas = inputs.plain.replicas
+            patch = template_digest.apply(lambda d: rollout.promotion_patch(names, d, replicas))
+            # Waits for every replica Ready on the new template (its own waitFor).
             self.promotion = k8s.apps.v1.StatefulSetPatch(
                 f"{name}-promote", metadata=patch.apply(lambda p: p["metadata"]),
                 spec=patch.apply(lambda p: p["spec"]),

@@ -83,7 +83,8 @@ def _pod_template(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weigh
         affinity["podAffinity"] = placement.same_domain_as(
             {topology.LWS_NAME_LABEL: group_name(names, replica),
              topology.LWS_WORKER_INDEX_LABEL: str(LEADER_RANK)}, domain)
-    containers = [vllm, proxy.container(cfg, m.PROXY_CONF_VOLUME)] if leader else [vllm]
+    containers = ([vllm, proxy.container(cfg, m.PROXY_CONF_VOLUME, m.drain_seconds(receipt, cfg))]
+                  if leader else [vllm])
     spec = m.serving_pod_spec(
         cfg, weights, names, containers, affinity, with_proxy=leader,
         resource_claims=({"name": IMEX_CLAIM,

@@ -32,7 +32,6 @@ ENGINE_HOST = "127.0.0.1"
 # Endpoints and kube-proxy / load balancers need a few seconds to stop sending new
 # requests to a terminating pod.
 ENDPOINT_PROPAGATION_SECONDS = 10
-WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
 # Left between the end of the drain and the grace period's SIGKILL, for vLLM's own
 # shutdown (workers, NCCL teardown).
 SHUTDOWN_SECONDS = 30
@@ -215,7 +214,7 @@ def await_annotations(cfg: StackConfig) -> dict[str, str]:
     if canary > 0:
         test += f" && @.updatedReplicas > {canary - 1}"
     # `$[?...]` visits the object's top-level members: only `status` has these fields.
-    return {WAIT_FOR_ANNOTATION: json.dumps([f"jsonpath={{$[?{test}]}}"])}
+    return {rollout.WAIT_FOR_ANNOTATION: json.dumps([f"jsonpath={{$[?{test}]}}"])}
 
 
 def engine_command_parts() -> list[Tagged]:
@@ -334,7 +333,7 @@ def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weights
     pod_spec = serving_pod_spec(
         cfg, weights, names,
         [vllm_container(receipt, cfg, image, weights, names, budget),
-         proxy.container(cfg, PROXY_CONF_VOLUME)],
+         proxy.container(cfg, PROXY_CONF_VOLUME, drain_seconds(receipt, cfg))],
         {"nodeAffinity": placement.node_affinity(
             [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
          "podAntiAffinity": placement.one_replica_per_node(sel)})

@@ -154,7 +154,11 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict:
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def container(cfg: StackConfig, conf_volume: str) -> dict:
+def container(cfg: StackConfig, conf_volume: str, drain_seconds: int) -> dict:
+    """`drain_seconds`: the engine's preStop drain. The proxy is the pod's one listener:
+    on SIGTERM nginx stops at once (its fast shutdown), so without the same drain a
+    replaced pod refused requests while vLLM behind it was still draining (found by the
+    node tier's two-replica roll: connection errors through the Service)."""
     s = cfg.serving
     return origin.container({
         "name": CONTAINER,
@@ -175,6 +179,7 @@ def container(cfg: StackConfig, conf_volume: str) -> dict:
         "readinessProbe": _probe(HEALTH_PATH, "health", 10, 3),
         # Alive is nginx itself: a loading engine must not restart the proxy.
         "livenessProbe": _probe(LIVE_PATH, "health", 10, 3),
+        "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds}}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "runAsUser": PROXY_UID,
                             "runAsGroup": PROXY_UID, "capabilities": {"drop": ["ALL"]},

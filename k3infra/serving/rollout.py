@@ -33,6 +33,7 @@ GATE_KIND = "gate"                      # JobNames kind: <base>-gate-runtime, -r
 GATE_SELECTOR = f"app.kubernetes.io/component={naming.ROLLOUT_GATE_COMPONENT}"
 TEMPLATE_ANNOTATION = "k3infra.dev/template"
 PROMOTED_ANNOTATION = "k3infra.dev/promoted-template"
+WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"      # pulumi-kubernetes' await of an object
 DIGEST_CHARS = 12
 
 
@@ -84,14 +85,22 @@ def judge_spec(receipt: Receipt, cfg: StackConfig) -> dict:
                         for m in receipt.measured if m.metric == "e2el"]}
 
 
-def promotion_patch(names: ServingNames, digest: str) -> dict:
+def promotion_patch(names: ServingNames, digest: str, replicas: int) -> dict:
     """`partition: 0` once the gate passed: the other replicas take the new template. The
-    digest says which template this promotes (a new one is a new apply)."""
+    digest says which template this promotes (a new one is a new apply).
+
+    pulumi-kubernetes awaits a patch by the live object's `pulumi.com/waitFor`: left to
+    the StatefulSet's own (the canary's: one replica on the new template), `pulumi up`
+    returned while replica 0 still ran the old receipt (found by the node tier with two
+    replicas). The patch carries its own: every replica ready on the new template."""
+    done = f"jsonpath={{$[?@.readyReplicas == {replicas} && @.updatedReplicas == {replicas}]}}"
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": {"name": names.statefulset, "namespace": names.namespace,
                          "annotations": {PROMOTED_ANNOTATION: digest,
+                                         WAIT_FOR_ANNOTATION: json.dumps([done]),
                                          # The StatefulSet's own registration sets the
-                                         # partition back at the next change: both force.
+                                         # partition and its await back at the next
+                                         # change: both force.
                                          "pulumi.com/patchForce": "true"}},
             "spec": {"updateStrategy": {"type": "RollingUpdate",
                                         "rollingUpdate": {"partition": 0}}}}

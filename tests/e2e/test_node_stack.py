@@ -726,17 +726,20 @@ class Probe:
 
     def __init__(self, node):
         self.url, self.seen, self.stop = service_url(node), [], threading.Event()
+        self.failed: list[str] = []      # "<second> <what>" of each request not answered 200
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
+        start = time.monotonic()
         while not self.stop.is_set():
             try:
                 status, body = request(f"{self.url}/v1/models", timeout=10)
             except OSError as exc:
-                self.seen.append((0, type(exc).__name__))
-            else:
-                self.seen.append((status, body["data"][0]["id"] if status == 200
-                                  else str(body)[:60]))
+                status, body = 0, f"{type(exc).__name__}: {exc}"[:80]
+            self.seen.append((status, body["data"][0]["id"] if status == 200
+                              else str(body)[:60]))
+            if status != 200:
+                self.failed.append(f"{time.monotonic() - start:.0f}s {status} {body}"[:100])
             time.sleep(1)
 
     def __enter__(self):
@@ -750,7 +753,8 @@ class Probe:
     def summary(self) -> str:
         return (f"{len(self.seen)} requests through the Service; statuses "
                 f"{sorted({s for s, _ in self.seen})}; names answered "
-                f"{sorted({b for s, b in self.seen if s == 200})}")
+                f"{sorted({b for s, b in self.seen if s == 200})}"
+                + (f"; not answered: {self.failed[:6]}" if self.failed else ""))
 
 
 def gate_jobs(node) -> list:
