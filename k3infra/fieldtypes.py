@@ -178,6 +178,12 @@ def _labels(value: dict) -> dict:
     return value
 
 
+# Link-local: the instance metadata services (169.254.169.254, fd00:ec2::254 is inside
+# fc00::/7) and NodeLocal DNS. Never reachable through a CIDR a user lists, save DNS's
+# (k3infra.netpol cuts these ranges out of every ipBlock that contains them).
+LINK_LOCAL_CIDRS = ("169.254.0.0/16", "fe80::/10")
+
+
 def _cidr(value: str) -> str:
     import ipaddress
 
@@ -185,6 +191,21 @@ def _cidr(value: str) -> str:
         ipaddress.ip_network(value, strict=True)
     except ValueError:
         raise ValueError(f"{value!r} is not a CIDR (address/prefix with no host bits)") from None
+    return value
+
+
+def _routable_cidr(value: str) -> str:
+    """A CIDR inside a link-local range would open only the metadata service (or NodeLocal
+    DNS, which k3:network.dnsCidrs takes): refused."""
+    import ipaddress
+
+    net = ipaddress.ip_network(_cidr(value))
+    for link_local in map(ipaddress.ip_network, LINK_LOCAL_CIDRS):
+        if net.version == link_local.version and net.subnet_of(link_local):
+            raise ValueError(f"lies inside the link-local {link_local} (node-local endpoints "
+                             f"such as the instance metadata service); accepted: a CIDR outside "
+                             f"{' and '.join(LINK_LOCAL_CIDRS)} (one containing them gets them "
+                             f"cut out; k3:network.dnsCidrs alone takes NodeLocal DNS's)")
     return value
 
 
@@ -213,8 +234,12 @@ def _ip(value: str) -> str:
     return value
 
 
-Cidr = Annotated[str, Field(max_length=64), AfterValidator(_cidr),
-                 Accepted("a CIDR (address/prefix, no host bits)")]
+Cidr = Annotated[str, Field(max_length=64), AfterValidator(_routable_cidr),
+                 Accepted(f"a CIDR (address/prefix, no host bits) outside "
+                          f"{' and '.join(LINK_LOCAL_CIDRS)}")]
+# k3:network.dnsCidrs only: NodeLocal DNSCache listens on a link-local address (port 53).
+DnsCidr = Annotated[str, Field(max_length=64), AfterValidator(_cidr),
+                    Accepted("a CIDR (address/prefix, no host bits)")]
 Labels = Annotated[dict[str, str], AfterValidator(_labels),
                    Accepted("Kubernetes labels (label key: label value)")]
 IpAddress = Annotated[str, Field(max_length=64), AfterValidator(_ip), Accepted("an IP address")]

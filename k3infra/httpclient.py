@@ -1,6 +1,6 @@
 """The one HTTP client for every server k3infra talks to: registries and their mirrors
-(k3infra.pins.oci), the Hub's API and its small files (k3infra.weights.hubapi, for
-`k3infra pins` and `weights lock --hub`), in-cluster weights sources
+(k3infra.pins.oci), the Hub's API and its files (k3infra.weights.hubapi, for
+`k3infra pins`, `weights lock --hub` and `weights mirror`), in-cluster weights sources
 (k3infra.weights.sources), and any store a later command adds. Nothing a server sends
 is trusted:
 
@@ -157,16 +157,17 @@ class HttpClient:
     def request(self, method: str, url: str, *, body_max: int, kind: str = "answer",
                 headers: Optional[dict] = None, credential: Optional[Credential] = None,
                 expect_size: Optional[int] = None, expect_sha256: Optional[str] = None,
-                statuses: Iterable[int] = (200,), sink=None, data: Optional[bytes] = None
-                ) -> Response:
+                statuses: Iterable[int] = (200,), sink=None, data: Optional[bytes] = None,
+                seconds: Optional[float] = None) -> Response:
         """`method url`, following redirects within the rules; the body read whole (at
         most `body_max` bytes, or exactly `expect_size`) and checked against
         `expect_sha256`, into memory or written to `sink` (then `body` is None). `data`:
         a request body (PUT, POST), sent with its length, and again to a 307/308 target
-        (only to the same origin: a body is not handed to another host). HttpError for a
-        status outside `statuses` (with .status and .headers)."""
+        (only to the same origin: a body is not handed to another host). `seconds`: this
+        call's limit instead of `call_seconds` (a large file's), still within the Deadline.
+        HttpError for a status outside `statuses` (with .status and .headers)."""
         statuses = tuple(statuses)
-        limit = self._call_limit()
+        limit = self._call_limit(seconds)
         ends = time.monotonic() + limit
         current = url
         for _hop in range(self.max_redirects + 1):
@@ -211,8 +212,8 @@ class HttpClient:
             raise HttpError(show(resp.url), f"the {kind} is {exc}") from None
 
     # ---- internals ----
-    def _call_limit(self) -> float:
-        limit = self.call_seconds
+    def _call_limit(self, seconds: Optional[float] = None) -> float:
+        limit = self.call_seconds if seconds is None else float(seconds)
         if self.deadline is not None:
             left = self.deadline.left()
             if left <= 0:

@@ -1,19 +1,20 @@
 """NetworkPolicy building blocks shared by every policy k3infra writes (the serving,
 prefetch and benchmark policies in k3infra.operations.network, the engine build's in
 k3infra.engine.manifests, the endpoint picker's in k3infra.gateway): one definition of a
-namespace peer, DNS egress, internet peers without the cluster and link-local ranges,
+namespace peer, DNS egress, ipBlocks of user CIDRs without the link-local ranges (and,
+for the internet, the cluster's),
 the inference gateway's proxy pods, and the namespace's default deny."""
 from __future__ import annotations
 
 from typing import Any
 
 from k3infra.config import GatewayConfig, StackConfig
+# Link-local (the metadata services, NodeLocal DNS): defined beside the CIDR type that
+# refuses a user CIDR inside it; cut here out of every block that contains it.
+from k3infra.fieldtypes import LINK_LOCAL_CIDRS
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set by the API server on every namespace
 DNS_PORT = 53
-# Link-local: the instance metadata services (169.254.169.254, fd00:ec2::254 is inside
-# fc00::/7) and NodeLocal DNS. Never reachable through an internet egress rule.
-LINK_LOCAL_CIDRS = ("169.254.0.0/16", "fe80::/10")
 
 
 def namespace_peer(namespace: str, pod_labels: dict[str, str] | None = None) -> dict:
@@ -30,19 +31,26 @@ def dns_egress(cfg: StackConfig) -> dict:
                                 {"port": DNS_PORT, "protocol": "TCP"}]}
 
 
-def internet_peers(cidrs: list[str], cfg: StackConfig) -> list[dict]:
-    """ipBlocks for `cidrs` with the cluster's own and the link-local ranges cut out
-    (an `except` must lie inside its block: each one gets the ranges it contains)."""
+def ip_peers(cidrs: list[str], excluded: tuple[str, ...] = ()) -> list[dict]:
+    """ipBlocks for CIDRs a user listed (every key but k3:network.dnsCidrs): the link-local
+    ranges (the instance metadata service) and `excluded` cut out of each block that
+    contains them (an `except` must lie inside its block). A CIDR inside a link-local
+    range is refused when the config is parsed (fieldtypes.Cidr)."""
     import ipaddress
 
-    excluded = [ipaddress.ip_network(c) for c in (*cfg.network.cluster_cidrs, *LINK_LOCAL_CIDRS)]
+    cut_out = [ipaddress.ip_network(c) for c in (*excluded, *LINK_LOCAL_CIDRS)]
     peers = []
     for cidr in cidrs:
         net = ipaddress.ip_network(cidr)
-        cut = [str(x) for x in excluded if x.version == net.version and x != net
-               and x.subnet_of(net)]
+        cut = list(dict.fromkeys(str(x) for x in cut_out if x.version == net.version
+                                 and x != net and x.subnet_of(net)))
         peers.append({"ipBlock": {"cidr": cidr, **({"except": cut} if cut else {})}})
     return peers
+
+
+def internet_peers(cidrs: list[str], cfg: StackConfig) -> list[dict]:
+    """ip_peers less the cluster's own ranges too (k3:network.clusterCidrs)."""
+    return ip_peers(cidrs, tuple(cfg.network.cluster_cidrs))
 
 
 def default_deny(name: str, namespace: str, labels: dict) -> dict:
@@ -75,7 +83,7 @@ def gateway_proxy_peers(gw: GatewayConfig, gateway: str, namespace: str) -> list
     proxy pods (namespace AND labels, never a whole namespace), or for GKE, whose
     proxies are not pods, the proxy-only subnet's CIDRs."""
     if gw.implementation == "gke":
-        return [{"ipBlock": {"cidr": cidr}} for cidr in gw.proxy_cidrs]
+        return ip_peers(gw.proxy_cidrs)
     ns, pod_labels = default_proxy_pods(gw.implementation, gateway, namespace)
     ns = gw.proxy_namespace or ns
     pod_labels = dict(gw.proxy_pod_labels) if gw.proxy_pod_labels else pod_labels

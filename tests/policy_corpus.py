@@ -852,6 +852,22 @@ def prefetch_egress_into_the_cluster(plan):
 
 
 @variant("k3-network-exposure")
+def prefetch_egress_to_instance_metadata(plan):
+    """A rule of its own for 169.254.169.254: the Hub's rule still cuts link-local."""
+    _named(plan, "NetworkPolicy", "kimi-k3-weights-prefetch")["spec"]["egress"].append(
+        {"to": [{"ipBlock": {"cidr": "169.254.169.254/32"}}], "ports": [{"port": 80, "protocol": "TCP"}]})
+
+
+@variant("k3-network-exposure")
+def prefetch_except_narrowed_past_instance_metadata(plan):
+    """The same shape of rule, its `except` narrowed to a link-local /24 that leaves
+    169.254.169.254 out: judged by the addresses the block admits, not by its shape."""
+    hub = _named(plan, "NetworkPolicy", "kimi-k3-weights-prefetch")["spec"]["egress"][1]
+    block = hub["to"][0]["ipBlock"]
+    block["except"] = [c if c != "169.254.0.0/16" else "169.254.0.0/24" for c in block["except"]]
+
+
+@variant("k3-network-exposure")
 def serving_unisolated_by_dropping_its_policies(plan):
     """No NetworkPolicy selects the serving pods any more: everything reaches them. The
     benchmark's policy still "restricts" what it selects, but not the serving pods."""

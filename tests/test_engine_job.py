@@ -151,6 +151,16 @@ def test_network_policy_selects_the_build_pod_and_allows_no_ingress():
     assert {53, 80, 443, 6443, 5000} <= ports
 
 
+def test_the_builds_listed_cidrs_never_reach_instance_metadata():
+    """Issue 48: k3:engine.apiServerCidrs / registryCidrs took their CIDRs as typed, so a
+    wide one (a registry anywhere: 0.0.0.0/0) opened 169.254.169.254 to untrusted code."""
+    _, _, objs = objects(cfg(apiServerCidrs=["0.0.0.0/0"], registryCidrs=["169.0.0.0/8", "::/0"]))
+    _, _, api_server, registry = objs["network-policy"]["spec"]["egress"]
+    assert api_server["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}]
+    assert registry["to"] == [{"ipBlock": {"cidr": "169.0.0.0/8", "except": ["169.254.0.0/16"]}},
+                              {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10"]}}]
+
+
 def test_build_egress_never_reaches_the_cluster_or_instance_metadata():
     """Issue 21: the build Job ran untrusted code with egress to 0.0.0.0/0 on 80/443/6443
     (IMDS and in-cluster services included)."""

@@ -394,3 +394,84 @@ def test_a_request_body_is_sent_and_never_handed_to_another_origin():
             refused(lambda: c.request("PUT", store.url + "/away", body_max=100, data=b"bytes"),
                     "redirects a request body", "another origin")
     assert other.requests == []
+
+
+# ---- `weights mirror`: the Hub's files into the staging directory --------------------------
+
+CONFIG = b'{"architectures": []}\n'          # 22 bytes, the lock's file
+
+
+def _mirror(routes, tmp_path, monkeypatch, seconds: float = 1.0, token=None):
+    """`weights mirror` of a one-file lock from `routes` (the Hub) into a memory store:
+    (report, the store, the staging directory)."""
+    from obstore.store import MemoryStore
+
+    from k3infra.weights import store, tree
+    from k3infra.weights.mirror import mirror
+
+    lock = tree.make_lock("o/m", REV, [tree.FileEntry("config.json", len(CONFIG),
+                                                      hashlib.sha256(CONFIG).hexdigest())])
+    staging, memory = tmp_path / "staging", MemoryStore()
+    staging.mkdir()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    if token:
+        monkeypatch.setenv("HF_TOKEN", token)
+    with hs.HostileServer(routes) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        with bounded(20):
+            report = mirror(lock, store.parse_store_url("s3://weights/m"), store=memory,
+                            staging=str(staging), emit=None, hub_seconds=seconds,
+                            token=token)
+        report.hub_requests = server.requests
+    return report, memory, staging
+
+
+@pytest.mark.parametrize("route, needle", [
+    (hs.endless(), "sent more than the 22 bytes listed for it; stopped reading"),
+    (hs.answer(b"x" * 21), "declares 21 bytes; 22 were listed"),
+    (hs.chunked([b"x" * 21]), "sent 21 bytes; 22 were listed"),
+    (hs.answer(b"y" * 22), f"hash to sha256:{hashlib.sha256(b'y' * 22).hexdigest()}, not the "
+                           f"sha256:{hashlib.sha256(CONFIG).hexdigest()}"),
+    (hs.slow_body(interval=0.3, length=22), "before the mirror's deadline of 1 s"),
+    (hs.huge_length(), "declares a file of 10737418240 bytes, more than the 22 accepted"),
+])
+def test_the_mirror_takes_from_the_hub_at_most_the_locks_size_and_hash(tmp_path, monkeypatch,
+                                                                       route, needle):
+    """The kit's case for the mirror: hf_hub_download wrote whatever the Hub sent, for as
+    long as it sent it, into the staging directory."""
+    report, memory, staging = _mirror({f"/o/m/resolve/{REV}/config.json": route}, tmp_path,
+                                      monkeypatch)
+    assert not report.ok and report.uploaded_files == 0 and not report.lock_written
+    [problem] = report.problems
+    text = one_line(str(problem))
+    assert text.startswith("config.json: not taken from the Hub: o/m@") and needle in text, text
+    assert text.endswith(f"; the lock says 22 bytes, sha256 {hashlib.sha256(CONFIG).hexdigest()}")
+    assert list(staging.iterdir()) == []                 # no partial file left behind
+    assert memory.list().collect() == []                 # nothing uploaded
+
+
+def test_the_mirror_sends_the_token_to_the_hub_only_never_to_its_cdn(tmp_path, monkeypatch):
+    """The Hub answers an LFS file with a redirect to its CDN (another origin): the file
+    is taken from there, without the token, and uploaded; nothing stays in staging."""
+    import obstore
+
+    with hs.HostileServer({"/": hs.answer(CONFIG)}) as cdn:
+        report, memory, staging = _mirror(
+            {f"/o/m/resolve/{REV}/config.json": hs.redirect(cdn.url + "/signed/config.json")},
+            tmp_path, monkeypatch, token="hf_secret")
+    assert report.ok and report.uploaded_files == 1, report.problems
+    assert bytes(obstore.get(memory, f"o--m/{REV}/config.json").bytes()) == CONFIG
+    assert list(staging.iterdir()) == []
+    assert [r.headers.get("authorization") for r in report.hub_requests] == ["Bearer hf_secret"]
+    [asked] = cdn.requests
+    assert "authorization" not in asked.headers and asked.path == "/signed/config.json"
+
+
+def test_the_mirror_never_follows_the_hub_to_plain_http_elsewhere(tmp_path, monkeypatch):
+    report, _, staging = _mirror({f"/o/m/resolve/{REV}/config.json":
+                                  hs.redirect("http://cdn.invalid/config.json")},
+                                 tmp_path, monkeypatch, token="hf_secret")
+    [problem] = report.problems
+    assert "plain http:// to cdn.invalid is refused" in one_line(str(problem))
+    assert list(staging.iterdir()) == []

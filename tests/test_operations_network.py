@@ -205,6 +205,71 @@ def test_bad_network_settings_are_refused_naming_the_key(network, key):
     assert exc.value.key == key
 
 
+# ---- link-local (the instance metadata service) through a CIDR a user lists -------------
+
+METADATA_CUT = ["169.254.0.0/16"]
+
+
+def test_a_user_cidr_that_contains_link_local_renders_with_it_cut_out():
+    """Issue 48: 169.0.0.0/8 as k3:network.hubCidrs opened 169.254.169.254 to the prefetch;
+    the rendered block now carries the link-local range in its `except`."""
+    r = render("existing", PIN, 'network={"hubCidrs": ["169.0.0.0/8", "::/0"], '
+               '"clusterCidrs": ["10.0.0.0/8"]}')
+    hub = manifest(r, "NetworkPolicy", "kimi-k3-weights-prefetch")["spec"]["egress"][1]
+    assert hub["to"] == [{"ipBlock": {"cidr": "169.0.0.0/8", "except": METADATA_CUT}},
+                         {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10"]}}]
+
+
+def test_the_pickers_api_server_cidrs_never_reach_link_local():
+    """The endpoint picker's API server rule took its CIDRs as typed: 0.0.0.0/0 there
+    reached the metadata service. The cluster's own ranges stay (the API server is one)."""
+    r = render("existing", "gateway.enabled=true", "gateway.className=eg", "replicas=3",
+               'gateway.apiServerCidrs=["0.0.0.0/0", "10.0.0.1/32"]')
+    api = manifest(r, "NetworkPolicy", "kimi-k3-epp")["spec"]["egress"][2]
+    assert api["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": METADATA_CUT}},
+                         {"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+
+@pytest.mark.parametrize("cidr, cut", [
+    ("0.0.0.0/0", ["169.254.0.0/16"]), ("169.0.0.0/8", ["169.254.0.0/16"]),
+    ("::/0", ["fe80::/10"]), ("fe80::/9", ["fe80::/10"]), ("10.0.0.0/8", None),
+    ("169.255.0.0/16", None),
+])
+def test_ip_peers_cut_every_link_local_range_a_block_contains(cidr, cut):
+    from k3infra.netpol import ip_peers
+
+    assert ip_peers([cidr]) == [{"ipBlock": {"cidr": cidr, **({"except": cut} if cut else {})}}]
+
+
+@pytest.mark.parametrize("keys, key", [
+    ({"network": {"hubCidrs": ["169.254.169.254/32"]}}, "k3:network.hubCidrs"),
+    ({"network": {"hubCidrs": ["169.254.0.0/16"]}}, "k3:network.hubCidrs"),
+    ({"network": {"hubCidrs": ["fe80::/64"]}}, "k3:network.hubCidrs"),
+    ({"network": {"clusterCidrs": ["169.254.0.0/17"]}}, "k3:network.clusterCidrs"),
+    ({"gateway": {"apiServerCidrs": ["169.254.169.254/32"]}}, "k3:gateway.apiServerCidrs"),
+    ({"gateway": {"proxyCidrs": ["169.254.1.0/24"]}}, "k3:gateway.proxyCidrs"),
+    ({"engine": {"registryCidrs": ["169.254.169.254/32"]}}, "k3:engine.registryCidrs"),
+    ({"engine": {"apiServerCidrs": ["169.254.169.254/32"]}}, "k3:engine.apiServerCidrs"),
+    ({"weights": {"store": {"url": "s3://weights/m", "cidrs": ["169.254.169.254/32"]}}},
+     "k3:weights.store.cidrs"),
+])
+def test_a_user_cidr_inside_link_local_is_refused_in_one_line(keys, key):
+    with pytest.raises(ConfigError) as exc:
+        cfg(**keys)
+    assert exc.value.key == key
+    text = str(exc.value)
+    assert len(text.splitlines()) == 1 and text.startswith(f"{key} = '"), text
+    assert ": lies inside the link-local " in text
+    assert "accepted: a CIDR outside 169.254.0.0/16 and fe80::/10" in text
+
+
+def test_nodelocal_dns_is_the_one_link_local_cidr_accepted():
+    c = cfg(network={"dnsCidrs": ["169.254.20.10/32"]})
+    assert {"ipBlock": {"cidr": "169.254.20.10/32"}} in n.dns_egress(c)["to"]
+    assert n.dns_egress(c)["ports"] == [{"port": 53, "protocol": "UDP"},
+                                        {"port": 53, "protocol": "TCP"}]
+
+
 def test_benchmark_pods_get_policies_only_when_the_benchmark_is_enabled():
     assert [p["metadata"]["name"] for p in n.network_policies(cfg(), NAMES, "k3")] == \
         ["kimi-k3-default-deny", "kimi-k3-serving", "kimi-k3-weights-prefetch"]

@@ -271,3 +271,31 @@ def test_runner_report_is_json_serialisable(plan):
     report = check_plan(plan)
     json.dumps([f.__dict__ for f in report.findings])
     assert report.resources == len(plan["resources"]) and report.policies == [p.name for p in POLICIES]
+
+
+@pytest.mark.parametrize("variant", ["prefetch_egress_to_instance_metadata",
+                                     "prefetch_except_narrowed_past_instance_metadata",
+                                     "prefetch_egress_into_the_cluster"])
+def test_a_hand_edit_that_opens_instance_metadata_is_refused_naming_it(plan, variant):
+    """Issue 48: reachability of 169.254.169.254 judged by the addresses each block admits
+    (its cidr less its excepts), whatever rule or object carries it."""
+    v = next(v for v in CORPUS if v.id == variant)
+    [(message, _)] = violations(policy("k3-network-exposure"), v.apply(plan))
+    assert "Job kimi-k3-weights-prefetch" in message and "its pods may reach ipBlock " in message
+    assert "(the instance metadata service, 169.254.169.254" in message, message
+
+
+@pytest.mark.parametrize("peer, reached", [
+    ({"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}, False),
+    ({"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/24"]}}, True),
+    ({"ipBlock": {"cidr": "169.254.169.254/32"}}, True),
+    ({"ipBlock": {"cidr": "169.0.0.0/8", "except": ["169.254.169.0/24"]}}, False),
+    ({"ipBlock": {"cidr": "::/0", "except": ["fe80::/10"]}}, False),
+    ({"podSelector": {}}, False),
+])
+def test_metadata_reachability_is_containment_less_excepts(peer, reached):
+    from ipaddress import ip_address
+
+    from k3infra.policies.exposure import _peer, reaches
+
+    assert reaches(_peer(peer, "k3"), ip_address("169.254.169.254")) is reached

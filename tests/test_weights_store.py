@@ -320,3 +320,64 @@ def test_the_read_window_takes_the_request_where_the_memory_limit_is_null():
     c = prefetch(r)[1]
     assert env_of(c)["K3_STORE_PARTS_PER_FILE"] == "4"
     assert c["resources"]["limits"]["memory"] == "2Gi"
+
+
+# ---- issue 48: the store client's bounds, from one place (store.open_store) ----------------
+
+@pytest.mark.parametrize("url, options, plain", [
+    ("s3://weights/m", {"endpoint": "http://10.0.5.9:9000", "allow_http": True}, "true"),
+    ("s3://weights/m", {"endpoint": "https://s3.example.com", "allow_http": True}, "false"),
+    ("s3://weights/m", {"allow_http": True}, "false"),
+    ("gs://weights/m", {"endpoint": "http://10.0.5.9:4443", "allow_http": True}, "true"),
+    ("az://acct/weights", {}, "false"),
+])
+def test_every_store_client_gets_timeouts_and_plain_http_only_for_the_named_endpoint(
+        url, options, plain):
+    from k3infra.weights import store as st
+
+    handle = st.open_store(st.parse_store_url(url, aws=False), st.StoreOptions(**options))
+    client = {k: str(v) for k, v in handle.client_options.items()}
+    assert client == {"allow_http": plain, "timeout": st.PART_TIMEOUT,
+                      "connect_timeout": st.CONNECT_TIMEOUT}
+
+
+def test_the_mirror_reads_an_object_only_to_the_locks_size_and_hashes_it(monkeypatch, tmp_path):
+    """`mirror --check` reads what it judges through the prefetch's ranged reader: never
+    past the lock's size (no whole-object GET), each part within the client's timeout."""
+    import hashlib
+
+    import obstore
+    from obstore.store import MemoryStore
+
+    from k3infra.weights import store as st
+    from k3infra.weights import tree
+    from k3infra.weights.mirror import mirror
+
+    data = b"w" * 5000
+    lock = tree.make_lock("o/m", "a" * 40, [tree.FileEntry("w.bin", len(data),
+                                                           hashlib.sha256(data).hexdigest())])
+    url, memory = st.parse_store_url("s3://weights/m"), MemoryStore()
+    key = url.tree_key("o/m", "a" * 40, "w.bin")
+    obstore.put(memory, key, b"x" * len(data))           # the lock's size, other bytes
+    monkeypatch.setenv(st.PART_BYTES_ENV, "2048")
+    ranges, bodies = [], []
+    real_range, real_get = obstore.get_range, obstore.get
+    monkeypatch.setattr(obstore, "get_range", lambda s, k, *, start, end: (
+        ranges.append((k, start, end)) or real_range(s, k, start=start, end=end)))
+    monkeypatch.setattr(obstore, "get", lambda s, k, options=None: (
+        bodies.append(k) if not (options or {}).get("head") else None) or real_get(s, k, options=options))
+    report = mirror(lock, url, store=memory, check=True, dry_run=True, emit=None)
+    wrong = hashlib.sha256(b"x" * len(data)).hexdigest()
+    assert [str(p) for p in report.problems] == [
+        f"w.bin: wrong hash: sha256 {wrong}, the lock says {lock.files[0].sha256}"]
+    assert ranges == [(key, 0, 2048), (key, 2048, 4096), (key, 4096, 5000)]
+    assert bodies == []                                   # no unbounded GET of a body
+    # The lock beside the tree: read only when it is the lock's size, and no further.
+    big = b"{" * (1 << 20)
+    obstore.put(memory, url.lock_key("o/m", "a" * 40), big)
+    ranges.clear()
+    obstore.put(memory, key, data)
+    report = mirror(lock, url, store=memory, check=True, emit=None)
+    assert report.ok and report.lock_written and ranges == [(key, 0, 2048), (key, 2048, 4096),
+                                                             (key, 4096, 5000)]
+    assert bodies == []

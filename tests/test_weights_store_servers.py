@@ -65,7 +65,9 @@ def azure(tmp_path_factory):
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    with LoopbackHub(REPO, make_repo()) as h:
+    # The CDN on the Hub's host at another port: the mirror follows the Hub's redirect in
+    # plain HTTP only to the host HF_ENDPOINT names with http:// (httpclient.py).
+    with LoopbackHub(REPO, make_repo(), cdn_host="127.0.0.1") as h:
         monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
         monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -199,6 +201,30 @@ def test_the_mirror_command_names_each_file_and_exits_1(s3, hub, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "bucket 'Bad_Bucket' must be lowercase letters" in done.stderr
+
+
+def test_the_mirror_command_refuses_a_hub_file_past_its_locked_size(s3, hub, tmp_path):
+    """An endless shard from the Hub: one line naming the file, what came and what the
+    lock says; nothing uploaded, nothing left in staging, no lock written."""
+    lock = lock_of(hub.files, hub.commit)
+    (tmp_path / "lock.json").write_text(tree.lock_to_json(lock))
+    shard = hub.files[SHARD]
+    hub.files[SHARD] = shard + b"more bytes than the lock lists"
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    env = {**environment(hub, str(tmp_path / "hf")), **s3.env}
+    done = subprocess.run([sys.executable, "-c", "import sys; from k3infra.cli import main; "
+                           "sys.exit(main())", "weights", "mirror", "--to", s3.url("past"), "--endpoint", s3.endpoint, "--allow-http", "--lock",
+                           str(tmp_path / "lock.json"), "--staging", str(staging), "--timeout", "60"],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()[1:]
+    assert line.startswith(f"  {SHARD}: not taken from the Hub: {REPO}@{hub.commit}: {hub.cdn}/cdn/")
+    assert line.endswith(f": declares a file of {len(shard) + 30} bytes, more than the {len(shard)} "
+                         f"accepted; the lock says {len(shard)} bytes, sha256 "
+                         f"{lock.by_path[SHARD].sha256}")
+    assert list(staging.iterdir()) == []
+    assert "uploaded 8 files" in done.stdout and "lock written" not in done.stdout
 
 
 def test_gcs_objects_are_judged_by_their_bytes(gcs, hub, monkeypatch):

@@ -57,6 +57,9 @@ def add_mirror_command(sub) -> None:
     # hashed at once), since every file is hashed before its upload.
     mi.add_argument("--workers", type=flags.count_from(1, 256), default=4,
                     help="files judged or uploaded at once (default 4, at most 256)")
+    mi.add_argument("--timeout", type=flags.seconds, default=None, metavar="SECONDS",
+                    help="every Hub read of the command ends by then (default a day; one file "
+                    "within a minute plus its size at 1 MiB/s)")
     mi.add_argument("--staging", help="where Hub files wait for their upload (default: a temporary "
                     "directory; each file is deleted once uploaded)")
     mi.set_defaults(func=_mirror)
@@ -294,12 +297,13 @@ def _mirror(args: argparse.Namespace) -> int:
             print(f"k3infra weights mirror: {repo}@{args.revision}: {type(exc).__name__}: {first}",
                   file=sys.stderr)
             return 1
-    from k3infra.weights.mirror import mirror
+    from k3infra.weights.mirror import HUB_DEADLINE_SECONDS, mirror
 
     try:
         report = mirror(lock, url, options=options, source_dir=args.dir, check=args.check,
                         dry_run=args.dry_run, workers=args.workers, staging=args.staging,
-                        token=os.environ.get("HF_TOKEN") or None, emit=out.line)
+                        token=os.environ.get("HF_TOKEN") or None, emit=out.line,
+                        hub_seconds=args.timeout or HUB_DEADLINE_SECONDS)
     except Exception as exc:     # the store's answer: no credentials, denied, unreachable...
         first = (str(exc).strip().splitlines() or [""])[0]
         print(f"k3infra weights mirror: {args.to}: {type(exc).__name__}: {first}", file=sys.stderr)

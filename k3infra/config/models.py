@@ -10,7 +10,7 @@ from k3infra.config.base import (SECRET_PLACEHOLDER, PROXY_IMAGE, Secret, _Secti
 from k3infra.config.pools import NodePoolConfig
 from k3infra.weights import store
 from k3infra.fieldtypes import (
-    API_KEY, Accepted, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsLabel,
+    API_KEY, Accepted, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsCidr, DnsLabel,
     DnsSubdomain, DockerTag, EnvName, HubCommit, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
     IpAddress, Labels, LabelValue, Percent, Port, RegistryHost, Replicas, Repository,
     ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
@@ -896,9 +896,10 @@ class NetworkConfig(_Section):
         description="narrow the scraper to pods with these labels (empty: the whole namespace)")
     dns_namespace: DnsLabel = Field(default="kube-system", alias="dnsNamespace",
                                     description="the cluster DNS's namespace")
-    dns_cidrs: list[Cidr] = Field(
+    dns_cidrs: list[DnsCidr] = Field(
         default_factory=list, alias="dnsCidrs",
-        description="extra DNS addresses (NodeLocal DNSCache: 169.254.20.10/32)")
+        description="extra DNS addresses (NodeLocal DNSCache: 169.254.20.10/32), port 53 "
+                    "only: the one key that may name a link-local address")
     hub_cidrs: list[Cidr] = Field(
         default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1, alias="hubCidrs",
         description="where the Hub (or your `HF_ENDPOINT` mirror / proxy) is reachable: its "

@@ -14,7 +14,7 @@ from typing import Optional
 from k3infra import checkov_skips, ephemeral, placement, podfiles
 from k3infra.config import StackConfig
 from k3infra.engine.plan import EnginePlan
-from k3infra.netpol import default_deny, dns_egress, internet_peers
+from k3infra.netpol import default_deny, dns_egress, internet_peers, ip_peers
 
 CONTEXT_DIR = "/k3/context"           # images/ (configmap context)
 JOB_DIR = "/k3/job"                   # build.sh, report.py, build-args
@@ -214,10 +214,10 @@ def network_policy(cfg: StackConfig, plan: EnginePlan, names: BuildNames, labels
     egress = [dns_egress(cfg),
               {"to": internet_peers(["0.0.0.0/0", "::/0"], cfg), "ports": _tcp(ports)}]
     if eng.api_server_cidrs:
-        egress.append({"to": [{"ipBlock": {"cidr": c}} for c in eng.api_server_cidrs],
+        egress.append({"to": ip_peers(eng.api_server_cidrs),
                        "ports": _tcp(API_SERVER_PORTS)})
     if eng.registry_cidrs:
-        egress.append({"to": [{"ipBlock": {"cidr": c}} for c in eng.registry_cidrs],
+        egress.append({"to": ip_peers(eng.registry_cidrs),
                        "ports": _tcp(ports)})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": _meta(names.network_policy, names, labels),

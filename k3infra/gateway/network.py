@@ -8,7 +8,7 @@ from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.gateway.names import GatewayNames
 from k3infra.gateway.picker import EXT_PROC_PORT, picker_selector
-from k3infra.netpol import dns_egress, gateway_proxy_peers
+from k3infra.netpol import dns_egress, gateway_proxy_peers, ip_peers
 
 API_SERVER_PORTS = (443, 6443)
 
@@ -18,7 +18,7 @@ def picker_policy(cfg: StackConfig, names: GatewayNames, instance: str) -> dict:
               {"to": [{"podSelector": {"matchLabels": naming.selector_labels(instance)}}],
                "ports": [{"port": cfg.serving.metrics_port, "protocol": "TCP"}]}]
     if cfg.gateway.api_server_cidrs:
-        egress.append({"to": [{"ipBlock": {"cidr": c}} for c in cfg.gateway.api_server_cidrs],
+        egress.append({"to": ip_peers(cfg.gateway.api_server_cidrs),
                        "ports": [{"port": p, "protocol": "TCP"} for p in API_SERVER_PORTS]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": names.picker_policy, "namespace": names.namespace,

@@ -325,11 +325,26 @@ def _summary(pairs: list[tuple[Peer, Port]]) -> str:
     return shown + (f"; and {len(pairs) - _SHOWN} more" if len(pairs) > _SHOWN else "")
 
 
+# The instance metadata services (AWS, GCP, Azure; AWS's IPv6 one): named in a refusal
+# whose egress reaches them.
+METADATA = tuple(map(ipaddress.ip_address, ("169.254.169.254", "fd00:ec2::254")))
+
+
+def reaches(peer: Peer, address) -> bool:
+    """`peer` admits `address`: an ipBlock by its cidr less its excepts, never by shape."""
+    if peer.kind == "any":
+        return True
+    return (peer.kind == "ip" and address.version == peer.net.version and address in peer.net
+            and not any(address in cut for cut in peer.excepts))
+
+
 def _message(wl: Workload, direction: str, bad: list, admitted: str) -> str:
     what = "may be reached by" if direction == "Ingress" else "may reach"
+    imds = [str(a) for a in METADATA if direction == "Egress" and any(reaches(p, a) for p, _ in bad)]
     return (f"{wl.kind} {wl.name} (namespace {wl.namespace}): after every NetworkPolicy, its "
-            f"pods {what} {_summary(bad)}; {admitted} (k3:network, k3:gateway, "
-            "k3:benchmark, k3:accuracy)")
+            f"pods {what} {_summary(bad)}"
+            + (f" (the instance metadata service, {' and '.join(imds)}, among them)" if imds else "")
+            + f"; {admitted} (k3:network, k3:gateway, k3:benchmark, k3:accuracy)")
 
 
 network_exposure = StackValidationPolicy(

@@ -3,7 +3,8 @@ a revision's commit (`model_info`'s `sha`), a revision's file list (`list_repo_t
 recursive, page by page), and a small file's bytes (`/resolve`). The same URLs, query
 and headers as huggingface_hub's HfApi (hf_api.py: /api/models/<repo>/revision/<rev>,
 /api/models/<repo>/tree/<rev>?recursive=true&expand=false with `Link: rel="next"`
-pages, /<repo>/resolve/<rev>/<path>); huggingface_hub still builds the headers (its
+pages, /<repo>/resolve/<rev>/<path>, for a small file or, in `weights mirror`, a locked
+file streamed to disk); huggingface_hub still builds the headers (its
 user agent, and the token from HF_TOKEN or its token file), which it has in every
 version the engine images carry.
 
@@ -15,7 +16,7 @@ is 40 hex, paths follow the lock's rules, sizes are integers, LFS digests are 64
 The token is bound to the Hub's origin: a redirect to a CDN never carries it.
 
 Standard library plus huggingface_hub: runs in pods (k3weights) and on the operator's
-machine (`k3infra pins`, `k3infra weights lock --hub`).
+machine (`k3infra pins`, `k3infra weights lock --hub`, `k3infra weights mirror`).
 """
 from __future__ import annotations
 
@@ -98,18 +99,31 @@ class Hub:
         if item.size > SMALL_FILE_MAX_BYTES:
             raise tree.LockError(f"{item.path}: listed as a {item.size}-byte file outside LFS; "
                                  f"at most {SMALL_FILE_MAX_BYTES} bytes are fetched to hash")
-        url = f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(item.path)}"
+        return self._resolve(repo, revision, item.path, item.size, SMALL_FILE_MAX_BYTES).body
+
+    def file(self, repo: str, revision: str, path: str, size: int, sha256: str, sink,
+             seconds: Optional[float] = None) -> None:
+        """A locked file's bytes into `sink` (`weights mirror`): never more than `size`,
+        hashed as they arrive, refused unless exactly `size` bytes of sha256 `sha256`;
+        `seconds`: this call's limit (the command's deadline still holds)."""
+        self._resolve(repo, revision, path, size, size, sha256=sha256, sink=sink, seconds=seconds)
+
+    def _resolve(self, repo: str, revision: str, path: str, size: int, body_max: int, *,
+                 sha256: Optional[str] = None, sink=None, seconds: Optional[float] = None):
+        """GET /<repo>/resolve/<revision>/<path>: the listed size exactly, from that commit."""
+        url = f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(path)}"
         try:
-            resp = self.client.request("GET", url, body_max=SMALL_FILE_MAX_BYTES, kind="file",
-                                       expect_size=item.size, headers=self.headers,
-                                       credential=self.credential)
+            resp = self.client.request("GET", url, body_max=body_max, kind="file",
+                                       expect_size=size, headers=self.headers,
+                                       credential=self.credential, expect_sha256=sha256,
+                                       sink=sink, seconds=seconds)
         except HttpError as exc:
             raise HubError(_refusal(repo, revision, exc)) from None     # the URL names the file
         commit = resp.headers.get("x-repo-commit")
         if commit is not None and commit != revision:
-            raise tree.LockError(f"{item.path}: the Hub served it from commit {commit[:80]!r}, "
+            raise tree.LockError(f"{path}: the Hub served it from commit {commit[:80]!r}, "
                                  f"not {revision}")
-        return resp.body
+        return resp
 
 
 class HubError(RuntimeError):

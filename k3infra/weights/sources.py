@@ -86,9 +86,9 @@ def parse_sources(text: Optional[str]) -> list[str]:
 
 
 def http_client(deadline_seconds: float = LOCK_DEADLINE_SECONDS,
-                call_seconds: float = CALL_SECONDS) -> HttpClient:
+                call_seconds: float = CALL_SECONDS, what: str = "the lock command") -> HttpClient:
     """The one HTTP client (httpclient.py) with one command's deadline."""
-    return HttpClient(deadline=Deadline(deadline_seconds, "the lock command"),
+    return HttpClient(deadline=Deadline(deadline_seconds, what),
                       call_seconds=min(call_seconds, deadline_seconds), user_agent="k3infra-weights")
 
 

@@ -271,8 +271,11 @@ def open_store(url: StoreUrl, options: Optional[StoreOptions] = None):
                          "shipped recipe's runtime.lock carries it; a released vLLM image does "
                          "not: docs/weights.md, from your own object store)") from None
 
-    client = {"allow_http": opts.allow_http, "timeout": PART_TIMEOUT,
-              "connect_timeout": CONNECT_TIMEOUT}
+    # The store client's bounds, set here only: each request within PART_TIMEOUT (a part
+    # of a ranged read, of a multipart upload), its connect within CONNECT_TIMEOUT; plain
+    # HTTP only to an endpoint the user named with http:// and allowed (allowHttp).
+    plain = opts.allow_http and bool(opts.endpoint) and urlsplit(opts.endpoint).scheme == "http"
+    client = {"allow_http": plain, "timeout": PART_TIMEOUT, "connect_timeout": CONNECT_TIMEOUT}
     prefix = url.prefix or None
     if url.scheme == "s3":
         extra = {"endpoint": opts.endpoint} if opts.endpoint else {}
@@ -309,10 +312,10 @@ class ObjectReader:
     """Ranged reads of objects of one store: a file's parts fetched over several
     connections and handed back in order (bounded: parts in flight x part size per file)."""
 
-    def __init__(self, url: StoreUrl, store, *, files: int = 8):
+    def __init__(self, url: StoreUrl, store, *, files: int = 8, parts: Optional[int] = None):
         self.url, self.store = url, store
         self.part_bytes = _knob(PART_BYTES_ENV, PART_BYTES)
-        self.parts = _knob(PARTS_ENV, PARTS_IN_FLIGHT)
+        self.parts = parts or _knob(PARTS_ENV, PARTS_IN_FLIGHT)
         self._pool = ThreadPoolExecutor(max_workers=max(1, files) * self.parts,
                                         thread_name_prefix="k3-store")
 
