@@ -245,7 +245,7 @@ def test_the_proxy_image_runs_nginx_as_the_pod_does(layouts, runc, tmp_path):
     cfg = parse_stack_config({"weightsRevision": "a" * 40, "apiKey": KEY,
                               "engineImage": "r/vllm@sha256:" + "1" * 64, "serving": ports},
                              receipt=load_receipt())
-    container = proxy.container(cfg, "proxy-conf")
+    container = proxy.container(cfg, "proxy-conf", drain_seconds=11)
     conf = tmp_path / "conf"
     conf.mkdir()
     # The pod's projected volume: the ConfigMap's nginx.conf and the Secret's key map.
