@@ -264,8 +264,14 @@ def test_the_node_tiers_store_keys_render_as_the_node_stack_would_set_them(tmp_p
     from store_servers import StoreServer
 
     server = StoreServer("s3", tmp_path, "10.231.0.2", 17070, argv=[])
-    (flag, key, value), = store_node.stack_keys(server)
-    r = render("existing", PIN, f"{key.split(':', 1)[1]}={value}")
+    assert store_node.stack_keys(server) == (
+        ("--path", "k3:weights.store.url", "s3://weights/models"),
+        ("--path", "k3:weights.store.endpoint", "http://10.231.0.2:17070"),
+        ("--path", "k3:weights.store.allowHttp", "true"),
+        ("--path", "k3:weights.store.region", "us-east-1"),
+        ("--path", "k3:weights.store.credentialsSecret", "k3-store-keys", "--plaintext"),
+        ("--path", "k3:weights.store.cidrs[0]", "10.231.0.2/32"))
+    r = render("existing", PIN, f"weights.store={json.dumps(store_node.store_config(server))}")
     pod, c = prefetch(r)
     env = env_of(c)
     assert env["K3_WEIGHTS_SOURCES"] == "s3://weights/models"

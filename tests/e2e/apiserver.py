@@ -343,7 +343,11 @@ def run_cluster(bin_dir: Path, workdir: Path) -> Iterator[Cluster]:
     deadline = started + START_TIMEOUT_S
     pki = workdir / "pki"
     _make_pki(pki)
-    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    etcd_port, peer_port = _free_port(), _free_port()
+    # In a test's own network namespace the API server takes its usual port: the
+    # rendered NetworkPolicies open 443 and 6443 to it (the build's report container),
+    # and a node that enforces them refuses any other.
+    api_port = 6443 if os.environ.get("K3INFRA_E2E_NODE_IP") else _free_port()
     server = f"https://{HOST}:{api_port}"
     context = "k3infra-e2e"
     kubeconfig = workdir / "admin.kubeconfig"

@@ -31,7 +31,11 @@ What differs from a user's node, and why:
   kube-router's policy controller (``tools/engine/netpol``, iptables and ipset) runs
   beside the bridge CNI as a process of the node, not as a DaemonSet; the other nodes
   enforce none (the bridge CNI has no policy engine).
-The kernel settings the kubelet changes (``KUBELET_SYSCTLS``) are restored on exit.
+- ``node_fixture(..., cgroup_root="/k3e2e-...")`` puts the module's kubelets under a cgroup
+  root of their own, so the module can run beside another module's kubelet (the host
+  lane of tests/e2e/tiers.sh runs such modules beside the node lane).
+The kernel settings the kubelet changes (``KUBELET_SYSCTLS``) are restored once the
+last kubelet of the machine has stopped (``SYSCTLS_SAVED``, shared by the sessions).
 """
 from __future__ import annotations
 
@@ -133,16 +137,48 @@ def _sysctl_path(name: str) -> Path:
 
 @contextlib.contextmanager
 def _kernel_settings_restored() -> Iterator[None]:
-    saved = {}
-    for name in KUBELET_SYSCTLS:
-        with contextlib.suppress(OSError):
-            saved[name] = _sysctl_path(name).read_text()
+    """The machine's values before the first kubelet changed them, restored when the last
+    session that runs one ends: two lanes' kubelets overlap, and a session that saved
+    while another's kubelet ran would restore that kubelet's values (kernel.panic=10)."""
+    with _sysctl_users() as users:
+        if not users["pids"]:
+            users["saved"] = {}
+            for name in KUBELET_SYSCTLS:
+                with contextlib.suppress(OSError):
+                    users["saved"][name] = _sysctl_path(name).read_text()
+        users["pids"].append(os.getpid())
     try:
         yield
     finally:
-        for name, value in saved.items():
-            with contextlib.suppress(OSError):
-                _sysctl_path(name).write_text(value)
+        with _sysctl_users() as users:
+            users["pids"] = [p for p in users["pids"] if p != os.getpid()]
+            if not users["pids"]:
+                for name, value in users["saved"].items():
+                    with contextlib.suppress(OSError):
+                        _sysctl_path(name).write_text(value)
+
+
+SYSCTLS_SAVED = Path("/tmp/k3e2e-sysctls.json")
+
+
+@contextlib.contextmanager
+def _sysctl_users() -> Iterator[dict]:
+    """{"pids": sessions running a kubelet, "saved": the machine's values}, read and written
+    under a lock; the pids of sessions that died are dropped (their values stay saved)."""
+    import fcntl
+
+    with open(SYSCTLS_SAVED.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            users = json.loads(SYSCTLS_SAVED.read_text())
+        except (OSError, ValueError):
+            users = {"pids": [], "saved": {}}
+        users["pids"] = [p for p in users["pids"] if Path(f"/proc/{p}").exists()]
+        yield users
+        if users["pids"]:
+            SYSCTLS_SAVED.write_text(json.dumps(users))
+        else:
+            SYSCTLS_SAVED.unlink(missing_ok=True)
 
 
 def image_layout(name: str) -> Path:
@@ -161,6 +197,7 @@ class _NodeParts:
 
     workdir: Path
     index: int
+    root: str = "/"             # the module's cgroup root (node_fixture's cgroup_root)
 
     @property
     def name(self) -> str:
@@ -184,7 +221,7 @@ class _NodeParts:
 
     @property
     def cgroup_root(self) -> str:
-        return "/" if self.index == 0 else f"/{self.name}"
+        return self.root if self.index == 0 else f"{self.root.rstrip('/')}/{self.name}"
 
 
 def _cgroup_dirs(root: str) -> list[Path]:
@@ -379,7 +416,7 @@ def _policy_chains_ready() -> bool:
 @contextlib.contextmanager
 def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
              images: tuple[str, ...], network_policy: bool = False,
-             nodes: int = 1) -> Iterator[Node]:
+             nodes: int = 1, cgroup_root: str = "/") -> Iterator[Node]:
     """Start the registry, CoreDNS, kube-scheduler and kube-proxy, then containerd and a
     kubelet per node (`nodes`: 1 or 2; with `network_policy` kube-router's NetworkPolicy
     controller); push `images` (plus the pause image); stop everything on exit."""
@@ -389,7 +426,7 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
     deadline = started + START_TIMEOUT_S
     bin_dir = cluster.bin_dir
     procs = _Processes(workdir)
-    parts = [_NodeParts(workdir, i) for i in range(nodes)]
+    parts = [_NodeParts(workdir, i, cgroup_root) for i in range(nodes)]
     with _kernel_settings_restored(), run_registry(workdir / "registry", host=node_ip) as reg:
         try:
             pushed = {name: reg.push(image_layout(name), f"k3e2e/{name}", "e2e")
@@ -431,7 +468,7 @@ def run_node(cluster: Cluster, workdir: Path, node_ip: str, product_label: str,
                 # containerd's content and snapshots (about 10 GB with the engine image);
                 # the registry removes its blobs itself as it stops. The logs stay.
                 remove_stores(part.containerd / "root")
-                if part.index:
+                if part.cgroup_root != "/":
                     _remove_cgroup_root(part.cgroup_root)
 
 
@@ -439,7 +476,7 @@ def _start_kubelet(procs: _Processes, part: _NodeParts, cluster: Cluster, node_i
                    product_label: str, registry: str, pause: str, deadline: float) -> None:
     """One node's containerd and kubelet."""
     suffix = f"-{part.index + 1}" if part.index else ""
-    if part.index:
+    if part.cgroup_root != "/":
         _make_cgroup_root(part.cgroup_root)
     procs.start(f"containerd{suffix}", ["containerd", "--config", str(_containerd_config(
         part.containerd, registry, pause, _cni_config(part)))])
@@ -482,9 +519,10 @@ def missing(cluster_bin: Path, network_policy: bool = False) -> str | None:
 
 
 def node_fixture(product_label: str, images: tuple[str, ...], network_policy: bool = False,
-                 nodes: int = 1):
+                 nodes: int = 1, cgroup_root: str = "/"):
     """A session fixture `node` for a test receipt's GPU product label and images; with
-    `network_policy` the node enforces NetworkPolicies; `nodes` kubelets (1 or 2)."""
+    `network_policy` the node enforces NetworkPolicies; `nodes` kubelets (1 or 2); a
+    `cgroup_root` of its own lets the module run beside another module's kubelet."""
 
     @pytest.fixture(scope="session")
     def node(request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory) -> Iterator[Node]:
@@ -493,7 +531,7 @@ def node_fixture(product_label: str, images: tuple[str, ...], network_policy: bo
             pytest.skip(reason)
         workdir = tmp_path_factory.mktemp("node")
         with run_node(cluster, workdir, os.environ[NODE_IP_ENV], product_label, images,
-                      network_policy, nodes) as n:
+                      network_policy, nodes, cgroup_root) as n:
             enforcing = ", kube-router's NetworkPolicy controller" if network_policy else ""
             report(request.config,
                    f"\nnode {', '.join(n.names)} ({n.ip}): kubelet, containerd, kube-proxy, CoreDNS{enforcing}; "

@@ -1,28 +1,22 @@
-"""What the node tier needs to pull the tiny model from an S3 server through `pulumi up`
-(issue 46), for the combined scenario the node stack integrates (tests/e2e/test_node_stack.py
-is not changed here):
+"""What the node stack (tests/e2e/test_node_stack.py) needs to pull the tiny model from an
+S3 server through `pulumi up`, its weights' origin (`k3:weights.store`):
 
 - `serve(node, root)`: the S3 server (versitygw, tools/engine/s3server) listening on the
   node's address inside the test's network namespace, as the loopback Hub is served there
   (`hub_loopback.serve(..., host=node.ip)`); the prefetch pod reaches it like any store;
 - `mirror(server, hub, lock_file)`: the product's `k3infra weights mirror` from the
   loopback Hub into it (the tree at <prefix>/<owner>--<name>/<revision>/, the lock beside);
-- `secret(namespace)` and `stack_keys(server)`: the credentials Secret the prefetch reads
-  by reference, and the `k3:weights.store` keys the node stack sets (plain HTTP to the
-  node's address is an explicit choice, its egress the node's /32);
-- `pause(server)` / `resume(server)`: SIGSTOP / SIGCONT of the server, to hold a transfer
-  mid-file while the test kills the prefetch container (the retried pod resumes from the
-  partial file's size);
-- `tamper(server, repo, revision, path)` and `REFUSAL`: one byte of an object changed in
-  place (size and metadata kept), and the line the prefetch Job's log then holds, naming
-  the file, with no marker written and no serving pod started.
+- `secret(namespace)`, `store_config(server)` and `stack_keys(server)`: the credentials
+  Secret the prefetch reads by reference, and the `k3:weights.store` keys the node stack
+  sets (plain HTTP to the node's address is an explicit choice, its egress the node's /32);
+- `tamper(server, repo, revision, path)` and `refusal(path)`: one byte of an object flipped in
+  place (size and metadata kept; a second call flips it back), and the line the prefetch
+  container then logs, naming the file (no marker is written, no serving pod starts on it).
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 from pathlib import Path
 
@@ -58,20 +52,28 @@ def secret(namespace: str) -> dict:
             "metadata": {"name": SECRET, "namespace": namespace}, "stringData": dict(S3_KEYS)}
 
 
+def store_config(server: StoreServer) -> dict:
+    """`k3:weights.store` as the stack file holds it."""
+    return {"url": url(server), "endpoint": server.endpoint, "allowHttp": True,
+            "region": "us-east-1", "credentialsSecret": SECRET,
+            "cidrs": [f"{server.host}/32"]}
+
+
 def stack_keys(server: StoreServer) -> tuple:
-    """`pulumi config set` argument tuples of the store the node stack reads."""
-    store = {"url": url(server), "endpoint": server.endpoint, "allowHttp": True,
-             "region": "us-east-1", "credentialsSecret": SECRET,
-             "cidrs": [f"{server.host}/32"]}
-    return (("--path", "k3:weights.store", json.dumps(store)),)
-
-
-def pause(server: StoreServer) -> None:
-    os.kill(server.proc.pid, signal.SIGSTOP)
-
-
-def resume(server: StoreServer) -> None:
-    os.kill(server.proc.pid, signal.SIGCONT)
+    """`pulumi config set` argument tuples of the store the node stack reads: one per field
+    (`--path k3:weights.store '{...}'` would store the JSON as one string, which the
+    config refuses: "Input should be a valid dictionary")."""
+    keys = []
+    for field, value in store_config(server).items():
+        for path, leaf in ([(f"{field}[{i}]", v) for i, v in enumerate(value)]
+                           if isinstance(value, list) else [(field, value)]):
+            keys.append(("--path", f"k3:weights.store.{path}",
+                         str(leaf).lower() if isinstance(leaf, bool) else str(leaf),
+                         # The CLI takes a key named *Secret with a value like
+                         # "k3-store-keys" for a secret ("looks like a secret; rerun with
+                         # --secret ... or --plaintext"): this one is a Secret's name.
+                         *(("--plaintext",) if field == "credentialsSecret" else ())))
+    return tuple(keys)
 
 
 def object_path(server: StoreServer, repo: str, revision: str, path: str) -> Path:
@@ -95,5 +97,5 @@ def refusal(path: str) -> re.Pattern:
                       rf"[0-9a-f]{{64}} after 3 download\(s\); deleted$", re.M)
 
 
-__all__ = ["BUCKET", "PREFIX", "SECRET", "serve", "url", "mirror", "secret", "stack_keys",
-           "pause", "resume", "tamper", "refusal", "object_path"]
+__all__ = ["BUCKET", "PREFIX", "SECRET", "serve", "url", "mirror", "secret", "store_config",
+           "stack_keys", "tamper", "refusal", "object_path"]

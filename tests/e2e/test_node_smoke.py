@@ -37,7 +37,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.node]
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = "K3E2E-CPU"
-node = node_fixture(PRODUCT, images=("proxy",), network_policy=True)
+# Its own cgroup root: tests/e2e/tiers.sh runs this module in the host lane, beside the
+# node lane's kubelet.
+node = node_fixture(PRODUCT, images=("proxy",), network_policy=True, cgroup_root="/k3e2e-smoke")
 
 NGINX_CONF = """worker_processes 1;
 pid /tmp/nginx.pid;

@@ -63,6 +63,8 @@ import pytest
 import yaml
 
 import hub_loopback
+import prometheus
+import store_node
 import tiny_moe
 from build_job import broken_recipe
 from engine import Pulumi, copy_project, install_provider
@@ -81,8 +83,10 @@ POD = f"{STS}-0"
 API_KEY = "e2e-node-key-0123456789abcdef"   # test-only
 REPLICAS = int(os.environ.get(NODES_ENV) or 1)   # one serving pod per node (1 or 2)
 
+# The node enforces NetworkPolicies (kube-router's controller): every pod of the stack runs
+# under the policies it renders, so a rule a path needs and the render lacks fails here.
 node = node_fixture(PRODUCT, images=("engine-cpu", "proxy", "buildkit", "base", "accuracy"),
-                    nodes=REPLICAS)
+                    network_policy=True, nodes=REPLICAS)
 BUILD_NS = f"{NS}-build"             # k3:engine.buildNamespace's default
 RECIPE = "recipes/tiny-engine"       # k3:engine.recipeDir, in the project
 PUSH_SECRET = "push"
@@ -315,11 +319,37 @@ def hub(node, model):
 
 
 @pytest.fixture(scope="module")
-def receipt(model, hub, tmp_path_factory) -> Path:
-    """The tiny model's receipt as a candidate (nothing measured yet): the stack names it."""
+def written(model, hub, tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny model's receipt as a candidate (nothing measured yet) and its lock."""
     out = tmp_path_factory.mktemp("receipt")
-    path, _lock = tiny_moe.write_receipt(model, hub.commit, out)
-    return tiny_moe.as_candidate(path, out / "tiny-moe-cpu-e2e-candidate.yaml")
+    path, lock = tiny_moe.write_receipt(model, hub.commit, out)
+    return tiny_moe.as_candidate(path, out / "tiny-moe-cpu-e2e-candidate.yaml"), lock
+
+
+@pytest.fixture(scope="module")
+def receipt(written) -> Path:
+    """The receipt the stack names."""
+    return written[0]
+
+
+@pytest.fixture(scope="module")
+def store(node, hub, written, tmp_path_factory):
+    """The weights' origin (`k3:weights.store`): an S3 server (versitygw) on the node's
+    address, the tree mirrored into it once from the loopback Hub by `k3infra weights
+    mirror`, as a user fills their bucket. The Hub is not read by the stack after this."""
+    server = store_node.serve(node, tmp_path_factory.mktemp("s3"))
+    try:
+        env = hub_loopback.environment(hub, str(tmp_path_factory.mktemp("mirror-home")))
+        start = time.monotonic()
+        proc = store_node.mirror(server, env, written[1])
+        print(f"\n$ k3infra weights mirror --to {store_node.url(server)} ...    "
+              f"[exit {proc.returncode}, {time.monotonic() - start:.1f} s]\n    "
+              + "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:]))
+        assert proc.returncode == 0
+        hub.clear_hits()
+        yield server
+    finally:
+        server.stop()
 
 
 # --- the stack ----------------------------------------------------------------------
@@ -392,14 +422,15 @@ def ENGINE_BUILD(node, commit: str) -> tuple:  # noqa: N802 - a table, like NODE
             "baseImages.cudaDevel": node.images["engine-cpu"],
             "baseImages.uv": node.images["base"], "baseImages.rust": node.images["base"],
             "buildkitImage": node.images["buildkit"], "reporterImage": node.images["engine-cpu"],
-            "apiServerCidrs[0]": f"{node.ip}/32", "plainHttpRegistries[0]": node.registry,
+            "apiServerCidrs[0]": f"{node.ip}/32", "registryCidrs[0]": f"{node.ip}/32",
+            "plainHttpRegistries[0]": node.registry,
             "buildCpu": "1", "buildMemoryGi": "16", "buildDiskGi": "50",
             "buildTimeoutMinutes": "30"}
     return tuple(("--path", f"k3:engine.{k}", v) for k, v in keys.items())
 
 
 @pytest.fixture(scope="module")
-def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
+def stack(engine_bin, node, hub, store, receipt, tmp_path_factory):  # noqa: F811
     base = tmp_path_factory.mktemp("node-stack")
     home = base / "pulumi-home"
     home.mkdir()
@@ -421,6 +452,13 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
     # adopts the namespace: server-side apply creates by patching).
     api = core(node)
     api.create_namespace({"metadata": {"name": BUILD_NS}})
+    # Likewise the serving namespace, for the Secret the prefetch reads the store with
+    # (k3:weights.store.credentialsSecret: docs/weights.md).
+    api.create_namespace({"metadata": {"name": NS}})
+    api.create_namespaced_secret(NS, store_node.secret(NS))
+    # The cluster runs the Prometheus Operator (its CRDs; the scraper is a process of the
+    # test: tests/e2e/prometheus.py).
+    print(f"\nPrometheus Operator CRDs: {node.cluster.install_prometheus_crds()}")
     api.create_namespaced_secret(BUILD_NS, {
         "metadata": {"name": PUSH_SECRET}, "type": "kubernetes.io/dockerconfigjson",
         "data": {".dockerconfigjson": base64.b64encode(json.dumps({"auths": {node.registry: {
@@ -431,13 +469,20 @@ def stack(engine_bin, node, hub, receipt, tmp_path_factory):  # noqa: F811
                  ("k3:weightsRevision", hub.commit),
                  ("k3:gpuProduct", PRODUCT),
                  ("--path", "k3:weights.storageClass", STORAGE_CLASS),
-                 ("--path", "k3:weights.hubEndpoint", hub.endpoint),
+                 *store_node.stack_keys(store),
                  ("k3:profile", "custom"),
                  *ENGINE_BUILD(node, commit),
                  ("--path", "k3:serving.proxyImage", node.images["proxy"]),
                  ("k3:servedModelName", tiny_moe.SERVED_NAME),
                  ("--secret", "k3:apiKey", API_KEY),
                  ("k3:acceptModelLicense", "true"), *NODE_SIZED,
+                 # The Prometheus Operator's objects, as a cluster that runs it sets them
+                 # (their CRDs are the API server's; tests/e2e/prometheus.py reads them).
+                 ("--path", "k3:monitoring.serviceMonitor", "true"),
+                 ("--path", "k3:monitoring.prometheusRule", "true"),
+                 # The cluster DNS is CoreDNS as a process on the node's address, not a pod
+                 # of kube-system: the Jobs that reach the Service by name need it opened.
+                 ("--path", "k3:network.dnsCidrs[0]", f"{node.ip}/32"),
                  # Two replicas: the gate stays off until the receipt test turns it on.
                  *((("k3:replicas", str(REPLICAS)), ("--path", "k3:rollout.gate", "false"))
                    if REPLICAS > 1 else ())):
@@ -485,51 +530,53 @@ def test_a_failed_build_fails_up_with_its_last_lines_and_nothing_downstream(stac
     stack.failed_build = state
 
 
-def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
-    """`pulumi up` with every wait on: it returns once the prefetch Job completed (killed
-    once mid-download: the retry resumes with Range) and the serving pod is Ready."""
+def prefetch_logs(node) -> str:
+    """Every prefetch container's log, the restarted ones' too."""
+    out = []
+    for pod in core(node).list_namespaced_pod(
+            NS, label_selector="app.kubernetes.io/component=weights-prefetch").items:
+        for previous in (True, False):
+            try:
+                out.append(core(node).read_namespaced_pod_log(
+                    pod.metadata.name, NS, container="prefetch", previous=previous))
+            except Exception:  # noqa: BLE001 - no such container (yet)
+                pass
+    return "\n".join(out)
+
+
+def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, store, hub):
+    """`pulumi up` with every wait on: the prefetch Job reads the tree from the S3 store
+    (never the Hub), where one object was tampered with (a byte flipped, its size and
+    k3sha256 metadata kept). The prefetch refuses that file by name, keeps the others
+    verified; once the test restores the object, the container's restart downloads only
+    that file; the Job completes and `pulumi up` returns once the serving pod is Ready."""
     from kubernetes import client
 
-    from huggingface_hub import constants
-
     shards = sorted(p for p in hub.files if p.endswith(".safetensors"))
-    # huggingface_hub writes its `.incomplete` file a whole 10 MiB chunk at a time: a kill
-    # before the first chunk leaves nothing to resume (two runs here stalled at 64 KiB and
-    # at half of the 15 MB shard, and both retries started from byte 0). Stall past it.
-    chunk, size = constants.DOWNLOAD_CHUNK_SIZE, len(hub.files[shards[0]])
-    assert size > chunk, f"{shards[0]} ({size} bytes) must be larger than one {chunk}-byte chunk"
-    hub.faults.stall_once[shards[0]] = chunk + (size - chunk) // 2
+    victim = shards[-1]
+    store_node.tamper(store, tiny_moe.REPO, hub.commit, victim)
+    refused: list[str] = []
+    done = threading.Event()
 
-    def kill_the_stalled_prefetch():
-        if not hub.stalled.wait(timeout=900):
-            return
-        # What the Hub sent may still sit in socket buffers: kill only once the client has
-        # written its first chunk to the volume (a run that killed at once resumed from 0).
-        def written():
-            try:
-                return max((f.stat().st_size for f in node.volumes.rglob("*.incomplete")),
-                           default=0) >= chunk
-            except OSError:                # renamed or removed while we looked
-                return False
-        deadline = time.monotonic() + 60
-        while not written() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        print(f"\n.incomplete on the volume: {written() and 'at least' or 'less than'} one chunk")
-        pods = core(node).list_namespaced_pod(
-            NS, label_selector="app.kubernetes.io/component=weights-prefetch").items
-        running = [p for p in pods if p.status.container_statuses
-                   and p.status.container_statuses[0].state.running]
-        if running:
-            cid = kill_container(node, running[0], "prefetch")
-            print(f"\nfault: killed the prefetch container {cid[:12]} mid-download of "
-                  f"{shards[0]}")
-        hub.faults.released.set()
+    def restore_after_the_refusal():
+        pattern = store_node.refusal(victim)
+        while not done.wait(1):
+            found = pattern.search(prefetch_logs(node))
+            if found:
+                refused.append(found.group(0))
+                store_node.tamper(store, tiny_moe.REPO, hub.commit, victim)  # flipped back
+                print(f"\nfault: {victim} tampered in the bucket; the prefetch refused it:"
+                      f"\n    {found.group(0).strip()}\nthe object restored")
+                return
 
-    killer = threading.Thread(target=kill_the_stalled_prefetch, daemon=True)
-    killer.start()
-    with BuildPool(node) as pool:
-        proc = stack.up()
-    killer.join(timeout=5)
+    watcher = threading.Thread(target=restore_after_the_refusal, daemon=True)
+    watcher.start()
+    try:
+        with BuildPool(node) as pool:
+            proc = stack.up()
+    finally:
+        done.set()
+        watcher.join(timeout=10)
     # What the API server said of the objects (Pod Security's `warn: restricted` on the
     # build namespace, deprecations): printed, a refusal would have failed the up.
     said = sorted({line.strip() for line in (proc.stdout + proc.stderr).splitlines()
@@ -543,9 +590,14 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, hub):
     print(f"prefetch Job: succeeded={job.status.succeeded} start={job.status.start_time} "
           f"completion={job.status.completion_time}")
     assert job.status.succeeded == 1
-    ranged = [h.range for h in hub.gets(shards[0]) if h.range]
-    print(f"GETs of {shards[0]}: {[(h.role, h.range, h.sent) for h in hub.gets(shards[0])]}")
-    assert ranged, "the retry after the kill did not resume with a Range request"
+    assert refused, "the tampered object was not refused by name"
+    done_line = next(line for line in prefetch_logs(node).splitlines()
+                     if line.startswith("prefetch OK"))
+    print(f"the restarted prefetch: {done_line}")
+    # Only the refused file came again; the others were kept (re-hashed).
+    assert "downloaded 1 files" in done_line and f"the store {store_node.url(store)}" in done_line
+    hub_gets = [(p, h.role) for p in hub.files for h in hub.gets(p)]
+    assert not hub_gets, f"with a store the stack read the Hub: {hub_gets}"
 
     pod = read_pod(node)
     ready_at = next(c.last_transition_time for c in pod.status.conditions if c.type == "Ready")
@@ -631,22 +683,78 @@ def test_verify_and_startup_read_the_live_pod(stack):
     assert "gate" in out and "engine" in out
 
 
-def test_the_engine_killed_inside_the_pod_comes_back_through_the_gate(stack, node):
-    before = read_pod(node)
-    restarts = next(s.restart_count for s in before.status.container_statuses
-                    if s.name == "vllm")
-    kill_container(node, before, "vllm")
+def live_object(node, plural: str) -> dict:
+    """The stack's one Prometheus Operator object of a kind, as `pulumi up` created it."""
+    from kubernetes import client
+
+    items = client.CustomObjectsApi(node.cluster.api_client()).list_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", NS, plural)["items"]
+    assert len(items) == 1, [i["metadata"]["name"] for i in items]
+    return items[0]
+
+
+def test_prometheus_on_the_live_engine_and_the_engine_killed(stack, node, tmp_path):
+    """Debian's Prometheus scrapes the live serving pod through the ServiceMonitor
+    `pulumi up` created and evaluates its PrometheusRule (tests/e2e/prometheus.py says
+    what differs from the Operator): every rule's vLLM and `up` selectors return series
+    on the real engine's metrics, every alert is quiet, the dashboard's vLLM panels
+    return data. Then the engine is killed inside the pod: KimiK3EngineDown turns active,
+    and the container comes back through the gate, quiet again."""
+    monitor, rule = live_object(node, "servicemonitors"), live_object(node, "prometheusrules")
     start = time.monotonic()
-    wait_for("the vllm container restarted", lambda: next(
-        s.restart_count for s in read_pod(node).status.container_statuses
-        if s.name == "vllm") > restarts, timeout=120)
-    pod = wait_for("the pod Ready again", lambda: (lambda p: p if pod_ready(p) else None)(
-        read_pod(node)), timeout=900, interval=3)
-    print(f"\nfault: vllm killed; Ready again after {time.monotonic() - start:.0f} s "
-          f"(restarts {restarts} -> "
-          f"{next(s.restart_count for s in pod.status.container_statuses if s.name == 'vllm')})")
-    log = container_log(node)
-    assert "k3-phase name=gate event=end" in log  # the gate ran again on this start
+    with prometheus.run(tmp_path / "prometheus", node.ip, node.cluster, [monitor], [rule],
+                        interval="1s") as prom:
+        found = prom.wait_for_targets(REPLICAS, timeout=120)
+        for target in found:
+            print(f"\nPrometheus {prom.url}: target {target['scrapeUrl']} up "
+                  f"{time.monotonic() - start:.1f} s after start, labels {target['labels']}")
+        assert sorted(t["labels"]["pod"] for t in found) == [f"{STS}-{i}" for i in range(REPLICAS)]
+        # rate() needs two samples in its window: three scrapes, then the rules and queries.
+        wait_for("three scrapes", lambda: prom.query(
+            f'count_over_time(up{{namespace="{NS}"}}[1m]) >= 3'), timeout=60)
+        report = prom.rule_series(rule)
+        for alert, selector, count in report:
+            print(f"  {alert}: {selector} -> {count} series")
+        vllm_or_up = [(a, sel, n) for a, sel, n in report if sel.startswith(("vllm:", "up{"))]
+        assert vllm_or_up and all(n > 0 for _a, _s, n in vllm_or_up), vllm_or_up
+        # No kube-state-metrics or dcgm-exporter on this node: their selectors are empty.
+        assert {sel.split("{")[0] for _a, sel, n in report if n == 0} <= {
+            "kube_pod_container_state_started", "kube_pod_status_ready",
+            "kube_pod_container_status_restarts_total", "DCGM_FI_DEV_GPU_UTIL",
+            "kube_node_status_allocatable", "kube_pod_info"}
+        states = wait_for("every alert inactive on the live engine", lambda: (
+            lambda st: st if set(st.values()) == {"inactive"} else None)(prom.alert_states()),
+            timeout=60)
+        print(f"  alert states on the live engine: {states}")
+        board = json.loads((ROOT / "charts" / "dashboards" / "kimi-k3-vllm.json").read_text())
+        empty = [title for title, ref, expr in prometheus.dashboard_queries(board, NS, f"{STS}-[0-9]+")
+                 if not prom.query(expr)]
+        print(f"  dashboard panels without data: {empty}")
+        # Only the cold-start panel reads kube-state-metrics alone.
+        assert empty == ["Cold start: time to Ready", "Cold start: time to Ready"]
+
+        before = read_pod(node)
+        restarts = next(s.restart_count for s in before.status.container_statuses
+                        if s.name == "vllm")
+        kill_container(node, before, "vllm")
+        killed = time.monotonic()
+        state = wait_for("KimiK3EngineDown active", lambda: (
+            lambda st: st if st in ("pending", "firing") else None)(
+                prom.alert_states()["KimiK3EngineDown"]), timeout=120)
+        print(f"\nfault: vllm killed; KimiK3EngineDown {state} after "
+              f"{time.monotonic() - killed:.1f} s (its `for` before it fires: "
+              f"tests/test_operations_promtool.py)")
+        wait_for("the vllm container restarted", lambda: next(
+            s.restart_count for s in read_pod(node).status.container_statuses
+            if s.name == "vllm") > restarts, timeout=120)
+        pod = wait_for("the pod Ready again", lambda: (lambda p: p if pod_ready(p) else None)(
+            read_pod(node)), timeout=900, interval=3)
+        print(f"Ready again after {time.monotonic() - killed:.0f} s (restarts {restarts} -> "
+              f"{next(s.restart_count for s in pod.status.container_statuses if s.name == 'vllm')})")
+        log = container_log(node)
+        assert "k3-phase name=gate event=end" in log  # the gate ran again on this start
+        wait_for("KimiK3EngineDown quiet again", lambda: prom.alert_states()["KimiK3EngineDown"]
+                 == "inactive", timeout=120)
 
 
 def test_a_flipped_byte_is_refused_until_restored(stack, node):
