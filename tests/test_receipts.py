@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from k3infra.cli import main
-from k3infra.config import ConfigError
+from k3infra.config import ConfigError, parse_stack_config
 from k3infra.receipt import (ReceiptError, load_receipt, receipt_named, shipped_receipts,
                              stack_receipt)
 from k3infra.serving.manifests import RECEIPT_SHA_ANNOTATION
@@ -129,9 +129,9 @@ def test_the_component_refuses_a_receipt_other_than_its_args_name():
                                           "kimi-k3-8xb300-2026-07-29"):
         from k3infra.stack import K3ServingStack
 
-        K3ServingStack("kimi-k3", {"receipt": CANDIDATE, "weightsRevision": GOOD_REVISION,
-                                   "apiKey": "k", "engineImage": IMAGE},
-                       receipt=load_receipt())
+        cfg = parse_stack_config({"receipt": CANDIDATE, "weightsRevision": GOOD_REVISION,
+                                  "apiKey": "k", "engineImage": IMAGE}, receipt=load_receipt())
+        K3ServingStack("kimi-k3", {"config": cfg, "receipt": load_receipt()})
 
 
 # --- a candidate, rendered -------------------------------------------------------------
