@@ -661,3 +661,33 @@ def test_the_args_type_names_every_stack_key():
     typed_input = {k for k, t in K3ServingStackArgs.__annotations__.items() if "Output[" in str(t)}
     assert typed_input == {k for k in keys if k in WIREABLE or k in SECRET_KEYS} == {
         "weightsRevision", "apiKey", "hfToken", "engineImage"}
+
+
+def test_every_component_takes_name_args_opts_and_names_a_missing_key():
+    """One shape (issue 47): `Component(name, args, opts=None)`; a missing args key is a
+    TypeError naming the component and the key, before anything is registered."""
+    import inspect
+
+    from k3infra.accuracy.component import AccuracySmoke
+    from k3infra.bench.component import Benchmark, RolloutGate
+    from k3infra.engine import EngineBuild
+    from k3infra.gateway.component import InferenceGateway
+    from k3infra.host.component import K3HostStack
+    from k3infra.nodepool.cluster_addons import ClusterAddons
+    from k3infra.nodepool.component import B300NodePool
+    from k3infra.operations.component import ServingOperations
+    from k3infra.serving.component import VllmServing
+    from k3infra.weights.component import WeightsPrefetch
+
+    components = [K3ServingStack, K3HostStack, B300NodePool, ClusterAddons, InferenceGateway,
+                  WeightsPrefetch, ServingOperations, VllmServing, Benchmark, RolloutGate,
+                  AccuracySmoke, EngineBuild]
+    for component in components:
+        params = list(inspect.signature(component.__init__).parameters.values())
+        assert [p.name for p in params] == ["self", "name", "args", "opts"], component
+        assert params[3].default is None, component
+    for component in components[2:-1]:
+        first = ("config" if component in (B300NodePool, ClusterAddons, InferenceGateway)
+                 else "receipt")
+        with pytest.raises(TypeError, match=rf"{component.__name__}: args\['{first}'\] must be"):
+            component("x", {})
