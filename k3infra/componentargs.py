@@ -28,8 +28,10 @@ def required(args: Mapping[str, Any], key: str, component: str, kind: Any = None
     value = args.get(key, _MISSING) if isinstance(args, Mapping) else _MISSING
     if value is _MISSING or (kind is not None and not isinstance(value, kind)):
         got = "missing" if value is _MISSING else f"a {type(value).__name__}"
-        raise TypeError(f"{component}: args[{key!r}] must be {what or kind.__name__} "
-                        f"({got})")
+        if not what:
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            what = "a " + " or a ".join(k.__name__ for k in kinds)
+        raise TypeError(f"{component}: args[{key!r}] must be {what} ({got})")
     return value
 
 
