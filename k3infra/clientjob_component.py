@@ -1,20 +1,40 @@
 """The Pulumi side of the one-shot client Jobs (k3infra/clientjob.py): the runtime
 ConfigMap, the retained results claim, then the Job, which waits for both and for
-whatever the caller names (the serving StatefulSet)."""
+whatever the caller names in `jobDependsOn` (the serving StatefulSet).
+
+Every client Job component takes `(name, args, opts=None)` with args extending
+`ClientJobArgs`; the component's own `opts.depends_on` is recorded on every child,
+`jobDependsOn` on the Job alone (the ConfigMap and the claim do not wait for serving)."""
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, NotRequired, Optional, Required, Sequence, TypedDict, Union
 
 import pulumi
 
 from k3infra.clientjob import JobNames
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
-from k3infra.inputs import StackInputs
-from k3infra.inputs import wired_build
+from k3infra.inputs import StackInputs, wired_build
 from k3infra.kube import apply_built, apply_manifest, child_options
+from k3infra.receipt import Receipt
 
 # Scheduling and image start on top of the Job's own deadline.
 WAIT_MARGIN_SECONDS = 600
+
+
+class ClientJobArgs(TypedDict):
+    receipt: Required[Receipt]      # the receipt the stack deploys
+    config: Required[Union[StackConfig, StackInputs]]  # the validated stack config
+    jobDependsOn: NotRequired[Sequence[pulumi.Resource]]   # what the Job alone waits for
+                                                           # (serving ready, the Secrets)
+
+
+def common_args(args: ClientJobArgs, component: str) -> tuple[Receipt, StackInputs, list]:
+    """The receipt, the inputs and the Job's dependencies of a client Job's args."""
+    receipt = required(args, "receipt", component, Receipt)
+    inputs = StackInputs.of(required(args, "config", component, (StackConfig, StackInputs),
+                                     "the validated stack config"))
+    return receipt, inputs, list(args.get("jobDependsOn", ()))
 
 
 class ClientJob(pulumi.ComponentResource):

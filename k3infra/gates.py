@@ -3,7 +3,7 @@ an update (`pulumi up`). Shipped stacks carry placeholders and do not accept the
 licence on the user's behalf, so they render everywhere but cannot be deployed as-is.
 
 Whether a run is an offline render is passed explicitly by the renderer
-(`K3ServingStack(..., offline_render=True)`); nothing here reads the environment.
+(`offlineRender` in `K3ServingStack`'s args); nothing here reads the environment.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pulumi
 
 from k3infra.config import StackConfig
 from k3infra.receipt import NOTHING_MEASURED, Receipt
+from k3infra.topology import not_measured_text
 
 PLACEHOLDER_HEX = "0" * 64
 
@@ -68,8 +69,6 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
                           f"receipt {receipt.id} ({gates_note}); figures must be re-measured",
                           refuses=False))
     if cfg.topology == "multi-node":
-        from k3infra.topology import not_measured_text
-
         gates.append(Gate("k3:topology", f"{not_measured_text(receipt)}; figures must be "
                           "re-measured (docs/multinode.md)", refuses=False))
     return gates
@@ -77,15 +76,11 @@ def deployment_gates(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
 
 def is_update(offline_render: bool = False) -> bool:
     """`pulumi up` (not a preview), unless the caller says this is an offline render."""
-    import pulumi
-
     return not offline_render and not pulumi.runtime.is_dry_run()
 
 
 def enforce(gates: list[Gate], offline_render: bool = False) -> None:
     """Warn about every gate; on an update, refuse if any refusing gate is open."""
-    import pulumi
-
     refusing = [g for g in gates if g.refuses]
     for g in gates:
         pulumi.log.warn(f"{g.key}: {g.message}")

@@ -5,9 +5,16 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from k3infra.config import CONFIG_NAMESPACE
-
-from k3infra.naming import PROGRAM_INSTANCE as INSTANCE  # noqa: E402  (names derive from it)
+from k3infra.config import CONFIG_NAMESPACE, ConfigError, chosen_receipt, parse_stack_config
+from k3infra.engine.result import EngineBuildError
+from k3infra.gates import GateError
+from k3infra.hbm import HbmError
+from k3infra.naming import PROGRAM_INSTANCE as INSTANCE  # names derive from it
+from k3infra.nodepool.base import pool_spec
+from k3infra.nodepool.cluster_access import cluster_provider
+from k3infra.nodepool.cluster_addons import ClusterAddons
+from k3infra.receipt import ReceiptError
+from k3infra.stack import K3ServingStack
 
 
 def read_k3_config() -> tuple[dict[str, str], list[str]]:
@@ -21,16 +28,6 @@ def read_k3_config() -> tuple[dict[str, str], list[str]]:
 
 def run(offline_render: bool = False) -> None:
     """`offline_render`: passed by `k3infra render` only (see `__main__.py`)."""
-    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
-    from k3infra.engine.result import EngineBuildError
-    from k3infra.gates import GateError
-    from k3infra.hbm import HbmError
-    from k3infra.nodepool.base import pool_spec
-    from k3infra.nodepool.cluster_access import cluster_provider
-    from k3infra.nodepool.cluster_addons import ClusterAddons
-    from k3infra.receipt import ReceiptError
-    from k3infra.stack import K3ServingStack
-
     try:
         raw, secret = read_k3_config()
         # The stack's own receipt (k3:receipt), resolved in the project (the working
@@ -38,9 +35,12 @@ def run(offline_render: bool = False) -> None:
         receipt = chosen_receipt(raw).receipt
         cfg = parse_stack_config(raw, tuple(secret), receipt=receipt)
         if cfg.host is not None:      # one Docker host, no cluster (k3infra/host)
+            # Here, not at the top: pulumi-docker is an optional dependency (the `host`
+            # extra), which a cluster stack need not install.
             from k3infra.host.component import K3HostStack
 
-            stack = K3HostStack(INSTANCE, cfg, receipt=receipt, offline_render=offline_render)
+            stack = K3HostStack(INSTANCE, {"config": cfg, "receipt": receipt,
+                                           "offlineRender": offline_render})
         else:
             # Nodes and Kubernetes objects go to one cluster: the one the pool targets
             # (aws, oci, nebius); elsewhere the stack's default provider (kubernetes:*).
@@ -48,11 +48,11 @@ def run(offline_render: bool = False) -> None:
             providers = [k8s] if k8s is not None else None
             depends_on = []
             if pool_spec(cfg, receipt).gpu_operator:
-                depends_on.append(ClusterAddons("cluster-addons", cfg, receipt,
+                depends_on.append(ClusterAddons("cluster-addons", {"config": cfg, "receipt": receipt},
                                                 pulumi.ResourceOptions(providers=providers)))
-            stack = K3ServingStack(INSTANCE, cfg,
-                                   pulumi.ResourceOptions(providers=providers, depends_on=depends_on),
-                                   receipt=receipt, offline_render=offline_render)
+            stack = K3ServingStack(INSTANCE, {"config": cfg, "receipt": receipt,
+                                              "offlineRender": offline_render},
+                                   pulumi.ResourceOptions(providers=providers, depends_on=depends_on))
     except (ConfigError, GateError, HbmError, EngineBuildError, ReceiptError) as exc:
         # The CLI prints a RunError's message alone: a refusal is not a crash, and a
         # Python traceback would bury the key, the value and what is accepted.

@@ -7,29 +7,37 @@ benchmark and operations parts) for one instance, composed from the `k3:*` keys.
         "kimi-k3",
         K3ServingStackArgs(weightsRevision="<40 hex>", apiKey=password.result,
                            engineImage=image.ref,
-                           nodePool={"provider": "aws", "aws": {"clusterName": cluster.name, ...}}),
-        pulumi.ResourceOptions(provider=k8s_provider),
-        receipt=stack_receipt("kimi-k3-8xb300-2026-07-29").receipt)
+                           nodePool={"provider": "aws", "aws": {"clusterName": cluster.name, ...}},
+                           receipt=stack_receipt("kimi-k3-8xb300-2026-07-29").receipt),
+        pulumi.ResourceOptions(provider=k8s_provider))
 
 Args are the stack config keys (without the `k3:` prefix): `K3ServingStackArgs` is the
-TypedDict derived from the config models (k3infra/plugin/shapes.py). The keys listed in
+TypedDict derived from the config models (k3infra/plugin/shapes.py), with `receipt`
+required (a `Receipt`, or a receipt the project names, as `k3:receipt`) and
+`offlineRender` (`k3infra render` only). The keys listed in
 `k3infra.inputs.WIREABLE` (weightsRevision, engineImage, the cloud pool's ids) and the
 secrets (apiKey, hfToken) accept `pulumi.Input`s: plain values are validated before any
-resource is registered, Output values inside `apply` with the same messages. The
-`provider`/`providers` option reaches every child (Kubernetes objects and cloud
-resources). Kubernetes names derive from the instance name (k3infra.naming).
+resource is registered, Output values inside `apply` with the same messages. A config
+validated already comes as `StackConfigArgs` (`{"config": cfg, "receipt": receipt}`, the
+stack program's). The `provider`/`providers` option reaches every child (Kubernetes
+objects and cloud resources). Kubernetes names derive from the instance name
+(k3infra.naming).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import pulumi
 
 from k3infra import gates, naming, topology
+from k3infra.accuracy.component import AccuracySmoke
+from k3infra.bench.component import Benchmark, RolloutGate
+from k3infra.componentargs import StackConfigArgs, top_level_args
 from k3infra.config import ConfigError, StackConfig
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.engine.component import engine_recipe
 from k3infra.gateway.auth import key_policy_note
+from k3infra.gateway.component import InferenceGateway
 from k3infra.gateway.picker import picker_gates
 from k3infra.hbm import hbm_fit
 from k3infra.inputs import StackInputs, stack_inputs
@@ -41,8 +49,7 @@ from k3infra.operations.component import ServingOperations
 # may be wired), never written out again here.
 from k3infra.plugin.shapes import K3ServingStackArgs
 from k3infra.preflight import run_preflight
-from k3infra.receipt import Receipt, stack_receipt
-from k3infra.bench.component import RolloutGate
+from k3infra.receipt import stack_receipt
 from k3infra.serving import manifests as m, rollout
 from k3infra.serving.component import VllmServing
 from k3infra.weights.component import WeightsPrefetch
@@ -69,16 +76,14 @@ class K3ServingStack(pulumi.ComponentResource):
     topology: pulumi.Output[str]
     license_name: pulumi.Output[str]
 
-    def __init__(self, name: str, args: Union[K3ServingStackArgs, Mapping[str, Any], StackConfig],
-                 opts: Optional[pulumi.ResourceOptions] = None, *,
-                 receipt: Receipt, offline_render: bool = False):
-        """`receipt`: what "measured" means for this instance (required, explicit).
-        `offline_render`: set by `k3infra render` only; gates then warn instead of refusing
-        and builds show placeholder digests. `pulumi up` never sets it."""
+    def __init__(self, name: str, args: Union[K3ServingStackArgs, StackConfigArgs],
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        """`args["receipt"]`: what "measured" means for this instance (required, explicit).
+        `args["offlineRender"]`: set by `k3infra render` only; gates then warn instead of
+        refusing and builds show placeholder digests. `pulumi up` never sets it."""
         # Everything that can refuse does so before the first registration.
-        if not isinstance(receipt, Receipt):
-            raise TypeError("K3ServingStack: receipt= must be the Receipt this instance deploys "
-                            "(k3infra.receipt.load_receipt() for the shipped one)")
+        given = top_level_args(args, "K3ServingStack")
+        receipt, offline_render = given.receipt, given.offline_render
         instance = naming.check_instance_name(name)
         lock_holder: dict[str, Any] = {}
 
@@ -89,8 +94,8 @@ class K3ServingStack(pulumi.ComponentResource):
             gates.enforce([g for g in gates.deployment_gates(receipt, c)
                            if g.key.split(":", 1)[1] in wired], offline_render)
 
-        inputs = (StackInputs(args) if isinstance(args, StackConfig)
-                  else stack_inputs(dict(args), receipt, check_resolved))
+        inputs = (StackInputs.of(given.config) if given.config is not None
+                  else stack_inputs(given.keys, receipt, check_resolved))
         if inputs.plain.namespace is None:
             inputs = inputs.with_plain(lambda c: c.model_copy(update={"namespace": instance}))
         cfg = inputs.plain
@@ -135,8 +140,9 @@ class K3ServingStack(pulumi.ComponentResource):
                                   {"k3infra.dev/topology": topology.MULTI_NODE})]))
         super().__init__("k3infra:index:K3ServingStack", name, None, opts)
         # Children carry this component's depends_on (e.g. ClusterAddons) themselves.
-        self.pool = B300NodePool(f"{name}-pool", inputs, receipt, child_options(self, opts),
-                                 instance=instance)
+        self.pool = B300NodePool(f"{name}-pool", {"config": inputs, "receipt": receipt,
+                                                  "instance": instance},
+                                 child_options(self, opts))
         names = naming.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
 
         # Created only when this instance owns it (naming.creates_namespace); otherwise the
@@ -150,8 +156,8 @@ class K3ServingStack(pulumi.ComponentResource):
         in_ns = child_options(self, opts, *ns)
         # NetworkPolicies first (no pod of the stack runs unpoliced), then the metrics
         # objects and dashboard that k3:monitoring asks for.
-        self.operations = ServingOperations(f"{name}-operations", receipt, inputs, names,
-                                            instance, in_ns)
+        self.operations = ServingOperations(f"{name}-operations", {
+            "receipt": receipt, "config": inputs, "names": names, "instance": instance}, in_ns)
 
         # The engine image by digest: k3:engineImage, or the build's pushed digest.
         self.engine = EngineBuild(f"{name}-engine", {
@@ -170,64 +176,62 @@ class K3ServingStack(pulumi.ComponentResource):
             secrets.append(apply_manifest(f"{name}-hf-token", m.hf_token_secret(
                 names, instance, pulumi.Output.secret(cfg.hf_token.reveal())), in_ns))
 
-        self.weights = WeightsPrefetch(
-            f"{name}-weights", receipt, inputs, instance, cfg.namespace,
-            naming.labels(instance, "weights-prefetch"), image, hf_secret_name,
-            lock.text if lock else None,
+        self.weights = WeightsPrefetch(f"{name}-weights", {
+            "receipt": receipt, "config": inputs, "base": instance, "namespace": cfg.namespace,
+            "labels": naming.labels(instance, "weights-prefetch"), "image": image,
+            "hfTokenSecret": hf_secret_name, "lockText": lock.text if lock else None},
             child_options(self, opts, *ns, *secrets, self.pool))
 
-        self.serving = VllmServing(
-            f"{name}-serving", receipt, inputs, image, self.weights.parts_for, names, instance,
-            self.engine.plan.pins(), depends_on=[*self.weights.jobs, *secrets, self.pool],
-            opts=in_ns)
+        self.serving = VllmServing(f"{name}-serving", {
+            "receipt": receipt, "config": inputs, "image": image,
+            "weights": self.weights.parts_for, "names": names, "instance": instance,
+            "enginePins": self.engine.plan.pins(),
+            "workloadDependsOn": [*self.weights.jobs, *secrets, self.pool]}, in_ns)
 
         # k3:rollout.gate: a change of the serving pods reaches the canary, is benchmarked
         # there against the receipt, and reaches the others only if it passes.
         self.rollout_gate = None
         serving_ready: list[pulumi.Resource] = list(self.serving.workloads)
         if rollout.gated(cfg):
-            self.rollout_gate = RolloutGate(
-                f"{name}-rollout", receipt, inputs, image, self.weights.parts_for, names=names,
-                instance=instance, statefulset=self.serving.statefulset,
-                template_digest=self.serving.template_digest,
-                rollout_timeouts=self.serving.rollout_timeouts,
-                api_key_secret_key=m.API_KEY_SECRET_KEY, depends_on=secrets, opts=in_ns)
+            self.rollout_gate = RolloutGate(f"{name}-rollout", {
+                "receipt": receipt, "config": inputs, "image": image,
+                "weights": self.weights.parts_for, "names": names, "instance": instance,
+                "statefulset": self.serving.statefulset,
+                "templateDigest": self.serving.template_digest,
+                "rolloutTimeouts": self.serving.rollout_timeouts,
+                "apiKeySecretKey": m.API_KEY_SECRET_KEY, "jobDependsOn": secrets}, in_ns)
             # Dependents judge the promoted template (or, a candidate, the measured canary).
             serving_ready.append(self.rollout_gate.promotion or self.rollout_gate.job)
 
         # k3:gateway.enabled: the inference gateway in front of the serving pods.
         self.gateway = None
         if cfg.gateway.enabled:
-            from k3infra.gateway.component import InferenceGateway
-
-            self.gateway = InferenceGateway(
-                f"{name}-gateway", inputs, instance, cfg.namespace,
-                pulumi.Output.secret(cfg.api_key.reveal()), opts=in_ns)
+            self.gateway = InferenceGateway(f"{name}-gateway", {
+                "config": inputs, "instance": instance, "namespace": cfg.namespace,
+                "apiKey": pulumi.Output.secret(cfg.api_key.reveal())}, in_ns)
 
         # k3:benchmark.enabled: re-measure the receipt once serving is ready.
         self.benchmark = None
         if cfg.benchmark.enabled:
-            from k3infra.bench.component import Benchmark
-
-            self.benchmark = Benchmark(
-                f"{name}-benchmark", receipt, inputs, image, self.weights.parts_for,
-                base=instance, namespace=cfg.namespace, labels=naming.labels(instance, "benchmark"),
-                base_url=m.benchmark_url(cfg, names), api_key_secret=names.api_key_secret,
-                api_key_secret_key=m.API_KEY_SECRET_KEY,
-                serving_selector=naming.selector_labels(instance),
-                depends_on=[*serving_ready, *secrets], opts=in_ns)
+            self.benchmark = Benchmark(f"{name}-benchmark", {
+                "receipt": receipt, "config": inputs, "image": image,
+                "weights": self.weights.parts_for, "base": instance, "namespace": cfg.namespace,
+                "labels": naming.labels(instance, "benchmark"),
+                "baseUrl": m.benchmark_url(cfg, names), "apiKeySecret": names.api_key_secret,
+                "apiKeySecretKey": m.API_KEY_SECRET_KEY,
+                "servingSelector": naming.selector_labels(instance),
+                "jobDependsOn": [*serving_ready, *secrets]}, in_ns)
 
         # k3:accuracy.enabled: the lm-eval smoke test, once serving is ready.
         self.accuracy = None
         if cfg.accuracy.enabled:
-            from k3infra.accuracy.component import AccuracySmoke
-
-            self.accuracy = AccuracySmoke(
-                f"{name}-accuracy", receipt, inputs, base=instance, namespace=cfg.namespace,
-                labels=naming.labels(instance, "accuracy-smoke"), base_url=m.endpoint_url(cfg, names),
-                api_key_secret=names.api_key_secret, api_key_secret_key=m.API_KEY_SECRET_KEY,
-                serving_selector=naming.selector_labels(instance),
-                depends_on=[*serving_ready, *secrets], opts=in_ns)
+            self.accuracy = AccuracySmoke(f"{name}-accuracy", {
+                "receipt": receipt, "config": inputs, "base": instance, "namespace": cfg.namespace,
+                "labels": naming.labels(instance, "accuracy-smoke"),
+                "baseUrl": m.endpoint_url(cfg, names), "apiKeySecret": names.api_key_secret,
+                "apiKeySecretKey": m.API_KEY_SECRET_KEY,
+                "servingSelector": naming.selector_labels(instance),
+                "jobDependsOn": [*serving_ready, *secrets]}, in_ns)
 
         self.endpoint = pulumi.Output.from_input(m.endpoint_url(cfg, names))
         self.served_model_name = pulumi.Output.from_input(cfg.served_model_name)

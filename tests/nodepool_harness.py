@@ -67,7 +67,7 @@ def run(build: Callable[[], Any], mocks: Recorder | None = None) -> list[tuple[s
 
 def register_pool(cfg, name: str = "k3-pool"):
     from k3infra.nodepool.component import B300NodePool
-    return run(lambda: B300NodePool(name, cfg, load_receipt()))
+    return run(lambda: B300NodePool(name, {"config": cfg, "receipt": load_receipt()}))
 
 
 def of_type(registered, typ: str) -> list[dict]:

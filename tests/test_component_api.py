@@ -63,9 +63,8 @@ def _wired_program(holder: dict, **values):
         import pulumi_aws as aws
         aws_provider = aws.Provider("target-account", region="us-east-1")
         holder["stack"] = K3ServingStack(
-            "kimi-k3", wired_args(o),
-            pulumi.ResourceOptions(providers=[k8s_provider, aws_provider]),
-            receipt=load_receipt())
+            "kimi-k3", {**wired_args(o), "receipt": load_receipt()},
+            pulumi.ResourceOptions(providers=[k8s_provider, aws_provider]))
         return pulumi.Output.all(*holder["stack"].outputs().values())
     return program
 
@@ -173,8 +172,8 @@ def test_a_preview_shows_every_field_but_the_ones_a_wired_value_fills():
     def program():
         o = {k: _unknown() for k in ("revision", "image", "clusterName", "nodeRoleArn",
                                      "subnetId", "securityGroupId")}
-        K3ServingStack("kimi-k3", wired_args({**o, "password": "sk-1", "token": "hf_1"}),
-                       receipt=load_receipt())
+        K3ServingStack("kimi-k3", {**wired_args({**o, "password": "sk-1", "token": "hf_1"}),
+                                   "receipt": load_receipt()})
     rec = record(program, preview=True)
     unknown = {r.name: _unknown_places(r) for r in rec.resources}
     vllm = "spec/template/spec/containers/vllm"
@@ -230,8 +229,8 @@ def test_a_structural_key_refuses_an_output():
     def program():
         _, o = source("upstream", {"n": 2, **_values()})
         K3ServingStack("kimi-k3", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
-                                   "engineImage": IMAGE, "replicas": o["n"]},
-                       receipt=load_receipt())
+                                   "engineImage": IMAGE, "replicas": o["n"],
+                                   "receipt": load_receipt()})
     with pytest.raises(ConfigError) as err:
         record(program)
     assert str(err.value).startswith("k3:replicas = '<Output>': must be a plain value")
@@ -262,7 +261,7 @@ def test_two_instances_share_no_kubernetes_object(extra):
                                    "dashboard": True}, **extra}
             if args.get("engine", {}).get("build", "prebuilt") == "prebuilt":
                 args["engineImage"] = IMAGE
-            K3ServingStack(name, args, receipt=load_receipt(), offline_render=True)
+            K3ServingStack(name, {**args, "receipt": load_receipt(), "offlineRender": True})
 
     rec = record(program)
     a = {n for n in _names(rec) if "kimi-a" in (n[1] + n[2])}
@@ -280,8 +279,8 @@ def test_pool_nodes_and_serving_affinity_carry_the_instance():
     def program():
         for name in ("kimi-a", "kimi-b"):
             K3ServingStack(name, {"weightsRevision": GOOD_REVISION, "apiKey": "x",
-                                  "engineImage": IMAGE, "nodePool": {"provider": "coreweave"}},
-                           receipt=load_receipt())
+                                  "engineImage": IMAGE, "nodePool": {"provider": "coreweave"},
+                                  "receipt": load_receipt()})
     rec = record(program, preview=True)
     pools = rec.of_type("kubernetes:compute.coreweave.com/v1alpha1:NodePool")
     assert sorted(p.inputs["spec"]["nodeLabels"]["k3infra.dev/pool"] for p in pools) == \
@@ -305,7 +304,7 @@ def test_the_longest_instance_name_fits_every_kubernetes_limit():
                                                           "prometheusRule": True,
                                                           "dashboard": True},
             "engine": {"build": "in-cluster", "registry": "registry.example.com/k3/vllm",
-                       "registrySecret": "push"}}, receipt=load_receipt(), offline_render=True)
+                       "registrySecret": "push"}, "receipt": load_receipt(), "offlineRender": True})
     rec = record(program)
     longest = 0
     for r in rec.kubernetes():
@@ -339,8 +338,9 @@ def _shared_namespace_program(**per_instance):
         for name, extra in per_instance.items():
             K3ServingStack(name, {"weightsRevision": GOOD_REVISION, "apiKey": "x",
                                   "engineImage": IMAGE, "acceptModelLicense": True,
-                                  "namespace": "inference", **PINNED, **extra},
-                           pulumi.ResourceOptions(depends_on=[user_ns]), receipt=load_receipt())
+                                  "namespace": "inference", **PINNED, **extra,
+                                  "receipt": load_receipt()},
+                           pulumi.ResourceOptions(depends_on=[user_ns]))
     return program
 
 
@@ -369,8 +369,8 @@ def test_the_instance_that_creates_the_namespace_alone_owns_it():
         for name, extra in (("kimi-a", {"createNamespace": True}),
                             ("kimi-b", {"createNamespace": False})):
             K3ServingStack(name, {"weightsRevision": GOOD_REVISION, "apiKey": "x",
-                                  "engineImage": IMAGE, "namespace": "inference", **extra},
-                           receipt=load_receipt())
+                                  "engineImage": IMAGE, "namespace": "inference", **extra,
+                                  "receipt": load_receipt()})
     rec = record(program, preview=True)
     (ns,) = rec.of_type("kubernetes:core/v1:Namespace")
     assert ns.name == "kimi-a-namespace"
@@ -400,7 +400,7 @@ def test_the_instance_that_creates_the_namespace_alone_owns_it():
 def test_the_namespace_is_created_only_when_the_instance_owns_it(args, created):
     def program():
         K3ServingStack("kimi-a", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
-                                  "engineImage": IMAGE, **args}, receipt=load_receipt())
+                                  "engineImage": IMAGE, **args, "receipt": load_receipt()})
     rec = record(program, preview=True)
     assert [r.name for r in rec.of_type("kubernetes:core/v1:Namespace")] == created
     sts = rec.named("kimi-a-serving-statefulset")
@@ -410,8 +410,8 @@ def test_the_namespace_is_created_only_when_the_instance_owns_it(args, created):
 def test_a_named_namespace_without_create_namespace_is_refused_in_one_line():
     def program():
         K3ServingStack("kimi-a", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
-                                  "engineImage": IMAGE, "namespace": "inference"},
-                       receipt=load_receipt())
+                                  "engineImage": IMAGE, "namespace": "inference",
+                                  "receipt": load_receipt()})
     with pytest.raises(ConfigError) as err:
         record(program, preview=True)
     assert str(err.value) == (
@@ -427,8 +427,8 @@ def test_an_in_cluster_build_in_a_shared_namespace_names_its_own_build_namespace
             "createNamespace": False}
 
     def refused():
-        K3ServingStack("kimi-a", {**base, **in_cluster}, receipt=load_receipt(),
-                       offline_render=True)
+        K3ServingStack("kimi-a", {**base, **in_cluster, "receipt": load_receipt(),
+                                  "offlineRender": True})
     with pytest.raises(ConfigError) as err:
         record(refused, preview=True)
     assert str(err.value) == (
@@ -439,8 +439,8 @@ def test_an_in_cluster_build_in_a_shared_namespace_names_its_own_build_namespace
     def program():
         for name in ("kimi-a", "kimi-b"):
             engine = {**in_cluster["engine"], "buildNamespace": f"{name}-build"}
-            K3ServingStack(name, {**base, "engine": engine}, receipt=load_receipt(),
-                           offline_render=True)
+            K3ServingStack(name, {**base, "engine": engine, "receipt": load_receipt(),
+                                  "offlineRender": True})
     rec = record(program, preview=True)
     assert sorted(r.inputs["metadata"]["name"]
                   for r in rec.of_type("kubernetes:core/v1:Namespace")) == \
@@ -453,7 +453,7 @@ def test_create_namespace_refuses_an_output():
         _, o = source("upstream", {"create": True, **_values()})
         K3ServingStack("kimi-a", {"weightsRevision": GOOD_REVISION, "apiKey": "x",
                                   "engineImage": IMAGE, "namespace": "inference",
-                                  "createNamespace": o["create"]}, receipt=load_receipt())
+                                  "createNamespace": o["create"], "receipt": load_receipt()})
     with pytest.raises(ConfigError) as err:
         record(program)
     assert str(err.value).startswith("k3:createNamespace = '<Output>': must be a plain value")
@@ -466,8 +466,8 @@ def test_children_record_the_dependencies_they_need():
         addons = pulumi.CustomResource("test:index:ClusterWide", "cluster-addons", {})
         K3ServingStack("kimi-k3", {
             "weightsRevision": GOOD_REVISION, "apiKey": "x", "engineImage": IMAGE,
-            "hfToken": "hf", "nodePool": {"provider": "coreweave"}},
-            pulumi.ResourceOptions(depends_on=[addons]), receipt=load_receipt())
+            "hfToken": "hf", "nodePool": {"provider": "coreweave"}, "receipt": load_receipt()},
+            pulumi.ResourceOptions(depends_on=[addons]))
     rec = record(program, preview=True)
     addons = rec.named("cluster-addons").urn
     ns = rec.named("kimi-k3-namespace").urn
@@ -543,8 +543,8 @@ def _pool_program(pool: dict, values: dict):
                                    "engineImage": IMAGE, "acceptModelLicense": True, **PINNED,
                                    "nodePool": {"provider": pool["_provider"],
                                                 pool["_provider"]: {k: v for k, v in wired.items()
-                                                                    if not k.startswith("_")}}},
-                       receipt=load_receipt())
+                                                                    if not k.startswith("_")}},
+                                   "receipt": load_receipt()})
     return program
 
 
@@ -634,8 +634,9 @@ def test_eks_kubeconfig_uses_the_aws_cli_token():
 
 def test_the_args_type_names_every_stack_key():
     """K3ServingStackArgs is derived from the config models (a hand-written twin had
-    drifted: coldStart and host were missing): a TypedDict of every k3:* key, and nothing
-    else, the same one the plugin schema is inferred from."""
+    drifted: coldStart and host were missing): a TypedDict of every k3:* key and
+    `offlineRender`; the plugin schema is inferred from the same keys without it
+    (`shapes.StackKeys`)."""
     import typing
 
     import k3infra
@@ -647,10 +648,46 @@ def test_the_args_type_names_every_stack_key():
     assert typing.is_typeddict(K3ServingStackArgs)
 
     keys = {field.alias or name for name, field in StackConfig.model_fields.items()}
-    assert set(K3ServingStackArgs.__annotations__) == keys
+    assert set(K3ServingStackArgs.__annotations__) == keys | {"offlineRender"}
+    assert set(shapes.StackKeys.__annotations__) == keys
+    assert shapes.SHAPES[shapes.ARGS_NAME].typed_dict is shapes.StackKeys
+    # The receipt is required in a Python program (a Receipt, or a name the project
+    # resolves), optional for the plugin (unset: the shipped default).
+    assert "receipt" in K3ServingStackArgs.__required_keys__
+    assert "receipt" not in shapes.StackKeys.__required_keys__
     # And `pulumi.Input` exactly where the component takes an Output at the top level
     # (the generated schema's rule, k3infra/plugin/shapes.py).
     from k3infra.config import SECRET_KEYS
     typed_input = {k for k, t in K3ServingStackArgs.__annotations__.items() if "Output[" in str(t)}
     assert typed_input == {k for k in keys if k in WIREABLE or k in SECRET_KEYS} == {
         "weightsRevision", "apiKey", "hfToken", "engineImage"}
+
+
+def test_every_component_takes_name_args_opts_and_names_a_missing_key():
+    """One shape (issue 47): `Component(name, args, opts=None)`; a missing args key is a
+    TypeError naming the component and the key, before anything is registered."""
+    import inspect
+
+    from k3infra.accuracy.component import AccuracySmoke
+    from k3infra.bench.component import Benchmark, RolloutGate
+    from k3infra.engine import EngineBuild
+    from k3infra.gateway.component import InferenceGateway
+    from k3infra.host.component import K3HostStack
+    from k3infra.nodepool.cluster_addons import ClusterAddons
+    from k3infra.nodepool.component import B300NodePool
+    from k3infra.operations.component import ServingOperations
+    from k3infra.serving.component import VllmServing
+    from k3infra.weights.component import WeightsPrefetch
+
+    components = [K3ServingStack, K3HostStack, B300NodePool, ClusterAddons, InferenceGateway,
+                  WeightsPrefetch, ServingOperations, VllmServing, Benchmark, RolloutGate,
+                  AccuracySmoke, EngineBuild]
+    for component in components:
+        params = list(inspect.signature(component.__init__).parameters.values())
+        assert [p.name for p in params] == ["self", "name", "args", "opts"], component
+        assert params[3].default is None, component
+    for component in components[2:-1]:
+        first = ("config" if component in (B300NodePool, ClusterAddons, InferenceGateway)
+                 else "receipt")
+        with pytest.raises(TypeError, match=rf"{component.__name__}: args\['{first}'\] must be"):
+            component("x", {})

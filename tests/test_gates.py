@@ -66,7 +66,8 @@ def _run_stack(raw: dict, *, preview: bool) -> tuple[list[str], dict]:
     built: dict[str, K3ServingStack] = {}
 
     def program():
-        built["stack"] = K3ServingStack("k3", parse_stack_config(raw, receipt=load_receipt()), receipt=load_receipt())
+        built["stack"] = K3ServingStack("k3", {
+            "config": parse_stack_config(raw, receipt=load_receipt()), "receipt": load_receipt()})
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

@@ -136,10 +136,12 @@ def test_server_runs_the_gate_then_the_receipts_exact_serve_command():
 def test_receipt_is_explicit_and_names_follow_the_instance():
     from k3infra.host.component import K3HostStack
 
-    with pytest.raises(TypeError, match="receipt="):
-        K3HostStack("kimi-k3", host_cfg(), receipt=None)
+    with pytest.raises(TypeError, match=r"args\['receipt'\] must be the Receipt"):
+        K3HostStack("kimi-k3", {"config": host_cfg(), "receipt": None})
+    with pytest.raises(TypeError, match=r"args\['receipt'\] must be the Receipt"):
+        K3HostStack("kimi-k3", {"config": host_cfg()})
     with pytest.raises(ConfigError) as exc:
-        K3HostStack("Edge_A", host_cfg(), receipt=load())
+        K3HostStack("Edge_A", {"config": host_cfg(), "receipt": load()})
     assert exc.value.key == "K3HostStack name" and "DNS-1035" in str(exc.value)
     # Another instance: its own Compose project, containers and cache volume.
     doc = hc.compose_document(host_plan(load(), host_cfg(), "edge-a", PREBUILT_IMAGE), {})

@@ -276,7 +276,7 @@ def test_a_bad_recipe_refuses_the_program_before_anything_is_registered(tmp_path
 
     def program():
         try:
-            K3ServingStack("kimi-k3", cfg, receipt=R)
+            K3ServingStack("kimi-k3", {"config": cfg, "receipt": R})
         except RecipeError as exc:        # a ConfigError: the program prints it in one line
             caught.append(exc)
 

@@ -441,9 +441,8 @@ def test_a_wired_multi_node_stack_labels_every_object():
                         "apiKey": pulumi.Output.secret("sk-generated"),
                         "acceptModelLicense": True, **PINNED, "topology": "multi-node",
                         "gpuProduct": "NVIDIA-GB300", "gpuMemoryGib": 267.69,
-                        "weights": {"storageClass": "rwx"}},
-            pulumi.ResourceOptions(provider=k8s.Provider("target", kubeconfig="{}")),
-            receipt=load_receipt())
+                        "weights": {"storageClass": "rwx"}, "receipt": load_receipt()},
+            pulumi.ResourceOptions(provider=k8s.Provider("target", kubeconfig="{}")))
         return pulumi.Output.all(*stack.outputs().values())
 
     rec = record(program)

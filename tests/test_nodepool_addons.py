@@ -81,7 +81,7 @@ def test_gpu_operator_switch(receipt):
     # Cluster-wide: ClusterAddons installs it, once per cluster; the pool does not.
     assert not of_type(register_pool(byo), "kubernetes:helm.sh/v4:Chart")
     from k3infra.nodepool.cluster_addons import ClusterAddons
-    reg = run(lambda: ClusterAddons("cluster-addons", byo, receipt))
+    reg = run(lambda: ClusterAddons("cluster-addons", {"config": byo, "receipt": receipt}))
     ns = one(reg, "kubernetes:core/v1:Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert one(reg, "kubernetes:helm.sh/v4:Chart")["version"] == load_pins().gpu_operator.version

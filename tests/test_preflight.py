@@ -144,7 +144,7 @@ def test_failed_preflight_registers_nothing():
                        acceptModelLicense=True)
     mocks = Recorder()
     with pytest.raises(Exception) as err:
-        run(lambda: K3ServingStack("k3", cfg, receipt=load_receipt()), mocks)
+        run(lambda: K3ServingStack("k3", {"config": cfg, "receipt": load_receipt()}), mocks)
     assert mocks.registered == []
     cause = err.value
     while not isinstance(cause, PreflightError) and (cause.__cause__ or cause.__context__):

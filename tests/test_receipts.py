@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from k3infra.cli import main
-from k3infra.config import ConfigError
+from k3infra.config import ConfigError, parse_stack_config
 from k3infra.receipt import (ReceiptError, load_receipt, receipt_named, shipped_receipts,
                              stack_receipt)
 from k3infra.serving.manifests import RECEIPT_SHA_ANNOTATION
@@ -129,9 +129,9 @@ def test_the_component_refuses_a_receipt_other_than_its_args_name():
                                           "kimi-k3-8xb300-2026-07-29"):
         from k3infra.stack import K3ServingStack
 
-        K3ServingStack("kimi-k3", {"receipt": CANDIDATE, "weightsRevision": GOOD_REVISION,
-                                   "apiKey": "k", "engineImage": IMAGE},
-                       receipt=load_receipt())
+        cfg = parse_stack_config({"receipt": CANDIDATE, "weightsRevision": GOOD_REVISION,
+                                  "apiKey": "k", "engineImage": IMAGE}, receipt=load_receipt())
+        K3ServingStack("kimi-k3", {"config": cfg, "receipt": load_receipt()})
 
 
 # --- a candidate, rendered -------------------------------------------------------------
@@ -267,3 +267,24 @@ def test_a_bad_receipt_flag_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (f"k3infra receipt: receipt {tmp_path / 'none.yaml'}: cannot read as a "
                    "receipt (no such file)\n")
+
+
+def test_the_component_takes_a_receipt_or_the_name_of_one():
+    """`receipt` in K3ServingStackArgs: the Receipt itself, or a name the project resolves
+    as it resolves k3:receipt; missing, a TypeError naming the key."""
+    from k3infra.receipt import stack_receipt
+    from k3infra.stack import K3ServingStack
+    from program_harness import record
+
+    keys = {"weightsRevision": GOOD_REVISION, "apiKey": "k", "engineImage": IMAGE}
+
+    def program():
+        K3ServingStack("kimi-a", {**keys, "receipt": load_receipt()})
+        K3ServingStack("kimi-b", {**keys, "receipt": CANDIDATE})
+    rec = record(program, preview=True)
+    shas = {name: rec.named(f"{name}-serving-statefulset").inputs["metadata"]["annotations"][
+        RECEIPT_SHA_ANNOTATION] for name in ("kimi-a", "kimi-b")}
+    assert shas == {"kimi-a": load_receipt().sha256(),
+                    "kimi-b": stack_receipt(CANDIDATE, ROOT).receipt.sha256()}
+    with pytest.raises(TypeError, match=r"K3ServingStack: args\['receipt'\] must be the Receipt"):
+        K3ServingStack("kimi-c", keys)

@@ -197,8 +197,8 @@ def test_component_importable_from_another_program():
             engineImage="registry.example.com/vllm@sha256:" + "2" * 64,
             serving={"proxyImage": "nginxinc/nginx-unprivileged:1.28.0-alpine-slim@sha256:"
                      + "3" * 64},
-            acceptModelLicense=True, namespace="inference", createNamespace=True),
-            receipt=load_receipt())
+            acceptModelLicense=True, namespace="inference", createNamespace=True,
+            receipt=load_receipt()))
 
         def check(values):
             endpoint, image, _, _ = values

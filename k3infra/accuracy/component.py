@@ -4,26 +4,38 @@ returns. Ordered like the Benchmark: the Job depends on the serving StatefulSet,
 pulumi-kubernetes finishes only once ready, so lm-eval starts against a loaded engine."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Required
 
 import pulumi
 
 from k3infra.accuracy import manifests as a
-from k3infra.clientjob_component import ClientJob
-from k3infra.config import StackConfig
-from k3infra.inputs import StackInputs
-from k3infra.receipt import Receipt
+from k3infra.clientjob_component import ClientJob, ClientJobArgs, common_args
+from k3infra.componentargs import required
+
+
+class AccuracySmokeArgs(ClientJobArgs):
+    base: Required[str]             # object name prefix (the instance)
+    namespace: Required[str]
+    labels: Required[dict]
+    baseUrl: Required[str]          # the endpoint lm-eval talks to
+    apiKeySecret: Required[str]     # the Secret with the API key, and its key
+    apiKeySecretKey: Required[str]
+    servingSelector: Required[dict]   # the serving pods' labels
 
 
 class AccuracySmoke(ClientJob):
     """lm-eval's smoke test against the endpoint, every file kept on a PVC."""
 
-    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs], *,
-                 base: str, namespace: str, labels: dict, base_url: str, api_key_secret: str,
-                 api_key_secret_key: str, serving_selector: dict,
-                 depends_on: Sequence[pulumi.Resource] = (),
+    def __init__(self, name: str, args: AccuracySmokeArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        receipt, inputs, depends_on = common_args(args, "AccuracySmoke")
+        base = required(args, "base", "AccuracySmoke", str)
+        namespace = required(args, "namespace", "AccuracySmoke", str)
+        labels = required(args, "labels", "AccuracySmoke", dict)
+        base_url = required(args, "baseUrl", "AccuracySmoke", str)
+        api_key_secret = required(args, "apiKeySecret", "AccuracySmoke", str)
+        api_key_secret_key = required(args, "apiKeySecretKey", "AccuracySmoke", str)
+        serving_selector = required(args, "servingSelector", "AccuracySmoke", dict)
         super().__init__("k3infra:index:AccuracySmoke", name, None, opts)
         names = a.AccuracyNames(base)
         self._build(

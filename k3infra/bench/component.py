@@ -9,34 +9,49 @@ failed benchmark fails the update, with the raw files kept on the PVC.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Required, Union
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from k3infra import clientjob, naming
 from k3infra.bench import manifests as b
-from k3infra.clientjob_component import ClientJob
+from k3infra.clientjob_component import ClientJob, ClientJobArgs, common_args
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
-from k3infra.inputs import StackInputs
 from k3infra.kube import child_options
 from k3infra.naming import ServingNames
-from k3infra.receipt import Receipt
 from k3infra.serving import rollout
 from k3infra.weights.manifests import WeightsParts
+
+
+class BenchmarkArgs(ClientJobArgs):
+    image: Required[pulumi.Input[str]]   # the engine image (repo@sha256:...)
+    weights: Required[Union[WeightsParts, Callable[[StackConfig], WeightsParts]]]
+    base: Required[str]             # object name prefix (the instance)
+    namespace: Required[str]
+    labels: Required[dict]
+    baseUrl: Required[str]          # the endpoint the benchmark talks to
+    apiKeySecret: Required[str]     # the Secret with the API key, and its key
+    apiKeySecretKey: Required[str]
+    servingSelector: Required[dict]   # the serving pods' labels
 
 
 class Benchmark(ClientJob):
     """`vllm bench serve` over Workload A, every raw result kept on a PVC."""
 
-    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
-                 image: Any, weights: Union[WeightsParts, Callable[[StackConfig], WeightsParts]],
-                 *, base: str, namespace: str, labels: dict,
-                 base_url: str, api_key_secret: str, api_key_secret_key: str,
-                 serving_selector: dict,
-                 depends_on: Sequence[pulumi.Resource] = (),
+    def __init__(self, name: str, args: BenchmarkArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        receipt, inputs, depends_on = common_args(args, "Benchmark")
+        image = required(args, "image", "Benchmark", what="the engine image")
+        weights = required(args, "weights", "Benchmark", what="the WeightsParts")
+        base = required(args, "base", "Benchmark", str)
+        namespace = required(args, "namespace", "Benchmark", str)
+        labels = required(args, "labels", "Benchmark", dict)
+        base_url = required(args, "baseUrl", "Benchmark", str)
+        api_key_secret = required(args, "apiKeySecret", "Benchmark", str)
+        api_key_secret_key = required(args, "apiKeySecretKey", "Benchmark", str)
+        serving_selector = required(args, "servingSelector", "Benchmark", dict)
         parts = weights if callable(weights) else (lambda _c: weights)
         super().__init__("k3infra:index:Benchmark", name, None, opts)
         names = b.BenchmarkNames(base)
@@ -52,20 +67,36 @@ class Benchmark(ClientJob):
             timeout_seconds=b.job_timeout_seconds(inputs.plain), depends_on=depends_on)
 
 
+class RolloutGateArgs(ClientJobArgs):
+    image: Required[pulumi.Input[str]]   # the engine image (repo@sha256:...)
+    weights: Required[Callable[[StackConfig], WeightsParts]]   # WeightsPrefetch.parts_for
+    names: Required[ServingNames]   # the instance's object names
+    instance: Required[str]
+    statefulset: Required[pulumi.Resource]   # the serving StatefulSet the gate judges
+    templateDigest: Required[pulumi.Output]  # the digest of its pod template
+    rolloutTimeouts: Required[pulumi.CustomTimeouts]   # the promotion's (VllmServing's)
+    apiKeySecretKey: Required[str]
+
+
 class RolloutGate(ClientJob):
     """The rollout gate (k3infra/serving/rollout.py): the canary's benchmark Job, named by
     the digest of the pod template it judges, then the promotion of every other replica
-    (none for a candidate receipt: its run is recorded for `k3infra bench receipt`)."""
+    (none for a candidate receipt: its run is recorded for `k3infra bench receipt`). The
+    Job waits for `statefulset` and `jobDependsOn`."""
 
     promotion: Optional[pulumi.CustomResource]
 
-    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
-                 image: Any, weights: Callable[[StackConfig], WeightsParts], *,
-                 names: ServingNames, instance: str, statefulset: pulumi.Resource,
-                 template_digest: pulumi.Output, rollout_timeouts: pulumi.CustomTimeouts,
-                 api_key_secret_key: str, depends_on: Sequence[pulumi.Resource] = (),
+    def __init__(self, name: str, args: RolloutGateArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        receipt, inputs, depends_on = common_args(args, "RolloutGate")
+        image = required(args, "image", "RolloutGate", what="the engine image")
+        weights = required(args, "weights", "RolloutGate", what="WeightsPrefetch.parts_for")
+        names = required(args, "names", "RolloutGate", ServingNames)
+        instance = required(args, "instance", "RolloutGate", str)
+        statefulset = required(args, "statefulset", "RolloutGate", pulumi.Resource)
+        template_digest = required(args, "templateDigest", "RolloutGate", pulumi.Output)
+        rollout_timeouts = required(args, "rolloutTimeouts", "RolloutGate", pulumi.CustomTimeouts)
+        api_key_secret_key = required(args, "apiKeySecretKey", "RolloutGate", str)
         super().__init__("k3infra:index:RolloutGate", name, None, opts)
         job_names = clientjob.JobNames(names.base, rollout.GATE_KIND)
         labels = naming.labels(instance, naming.ROLLOUT_GATE_COMPONENT)

@@ -1,10 +1,11 @@
 """`InferenceGateway`: registers the gateway's objects (k3:gateway) for one instance."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Required, TypedDict, Union
 
 import pulumi
 
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.gateway import auth, picker, routes
 from k3infra.gateway.names import GatewayNames
@@ -14,25 +15,35 @@ from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, apply_manifest, child_options
 
 
+class InferenceGatewayArgs(TypedDict):
+    config: Required[Union[StackConfig, StackInputs]]  # the validated stack config (k3:gateway)
+    instance: Required[str]         # the instance the gateway fronts
+    namespace: Required[str]        # its namespace
+    apiKey: Required[pulumi.Input[str]]   # the k3:apiKey value (a secret Output)
+
+
 class InferenceGateway(pulumi.ComponentResource):
     """The picker's NetworkPolicy first, then its RBAC, config, Deployment and Service,
     the InferencePool, the Gateway, (Envoy Gateway) the key policy with its keys Secret,
-    and last the HTTPRoute. `api_key`: the k3:apiKey value (a secret Output)."""
+    and last the HTTPRoute. Every child records the component's `opts.depends_on`."""
 
     pool_name: pulumi.Output[str]
     gateway_name: pulumi.Output[str]
 
-    def __init__(self, name: str, cfg: Union[StackConfig, StackInputs], instance: str,
-                 namespace: str, api_key: Any, depends_on: Sequence[pulumi.Resource] = (),
+    def __init__(self, name: str, args: InferenceGatewayArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        inputs = StackInputs.of(required(args, "config", "InferenceGateway",
+                                         (StackConfig, StackInputs), "the validated stack config"))
+        instance = required(args, "instance", "InferenceGateway", str)
+        namespace = required(args, "namespace", "InferenceGateway", str)
+        api_key = required(args, "apiKey", "InferenceGateway", what="the k3:apiKey value")
         plain = inputs.plain
         names = GatewayNames(instance, namespace)
         super().__init__("k3infra:index:InferenceGateway", name, None, opts)
 
         def built(suffix: str, build, *deps: pulumi.Resource) -> pulumi.CustomResource:
             return apply_built(f"{name}-{suffix}", inputs, build,
-                               child_options(self, opts, *depends_on, *deps))
+                               child_options(self, opts, *deps))
 
         policy = built("netpol", lambda c: picker_policy(c, names, instance))
         account = built("sa", lambda c: picker.service_account(names, instance))
@@ -46,7 +57,7 @@ class InferenceGateway(pulumi.ComponentResource):
         route_deps = [gw, pool]
         if auth.renders_key_policy(plain):
             keys = apply_manifest(f"{name}-keys", auth.keys_secret(names, instance, api_key),
-                                  child_options(self, opts, *depends_on))
+                                  child_options(self, opts))
             # The route comes after its key policy: never a route without the key check.
             route_deps.append(built("key-policy", lambda c: auth.security_policy(names, instance),
                                     keys, gw))

@@ -1,11 +1,11 @@
 """`K3HostStack`: Kimi K3 on one 8-GPU Docker host, no Kubernetes (pulumi-docker).
 
     from k3infra.receipt import load_receipt
-    stack = K3HostStack("kimi-k3", cfg, receipt=load_receipt())   # cfg: k3:* with k3:host
+    stack = K3HostStack("kimi-k3", {**keys, "receipt": load_receipt()})   # keys: k3:* with k3:host
 
-Like `K3ServingStack` (docs/component.md): the receipt is an explicit argument, names
+Like `K3ServingStack` (docs/component.md): the receipt is a required arg, names
 derive from the instance (containers `<instance>-prefetch|vllm|proxy`, the volume
-`<instance>-cache`), and only `k3infra render` passes `offline_render=True`.
+`<instance>-cache`), and only `k3infra render` passes `offlineRender=True`.
 The Docker daemon is Pulumi's `docker:host` setting (ssh://user@host or the local
 socket), or a `docker.Provider` passed in `opts.providers`. In order: the engine image
 pulled by digest, the prefetch container (must exit 0), the authenticating proxy (it
@@ -15,12 +15,13 @@ then `vllm serve` with the receipt's args and env). The containers are the host 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import pulumi
 import pulumi_docker as docker
 
 from k3infra import gates, naming
+from k3infra.componentargs import StackConfigArgs, top_level_args
 from k3infra.config import ConfigError, StackConfig, parse_stack_config
 from k3infra.engine import EngineBuild, engine_gates, resolve_engine
 from k3infra.hbm import hbm_fit
@@ -28,7 +29,7 @@ from k3infra.kube import child_options
 from k3infra.host.plan import (CACHE_OWNER, PROXY, SERVER, HostContainer, HostPlan, cache_volume,
                                check_host_engine, container_name, host_plan)
 from k3infra.host.preflight import run_host_preflight
-from k3infra.receipt import Receipt
+from k3infra.plugin.shapes import K3HostStackArgs
 from k3infra.serving import manifests as serving
 from k3infra.weights.lockcheck import load_stack_lock
 
@@ -66,17 +67,23 @@ class K3HostStack(pulumi.ComponentResource):
     profile: pulumi.Output[str]
     license_name: pulumi.Output[str]
 
-    def __init__(self, name: str, args: Any, opts: Optional[pulumi.ResourceOptions] = None, *,
-                 receipt: Receipt, offline_render: bool = False):
-        """`receipt`: what "measured" means for this instance (required, explicit).
-        `offline_render`: set by `k3infra render` only; gates then warn instead of refusing
-        and builds show placeholder digests. `pulumi up` never sets it."""
+    def __init__(self, name: str, args: Union[K3HostStackArgs, StackConfigArgs],
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        """`args["receipt"]`: what "measured" means for this instance (required, explicit).
+        `args["offlineRender"]`: set by `k3infra render` only; gates then warn instead of
+        refusing and builds show placeholder digests. `pulumi up` never sets it. The
+        keys are plain values (no Output: nothing here is wired)."""
         # Everything that can refuse does so before the first registration.
-        if not isinstance(receipt, Receipt):
-            raise TypeError("K3HostStack: receipt= must be the Receipt this instance deploys "
-                            "(k3infra.receipt.load_receipt() for the shipped one)")
+        given = top_level_args(args, "K3HostStack")
+        receipt, offline_render = given.receipt, given.offline_render
         instance = naming.check_instance_name(name, "K3HostStack name")
-        cfg = args if isinstance(args, StackConfig) else parse_stack_config(dict(args), receipt=receipt)
+        if isinstance(given.config, StackConfig):
+            cfg = given.config
+        elif given.config is not None:      # wired values: nothing on a host is wired
+            raise TypeError("K3HostStack: args['config'] must be a StackConfig "
+                            "(k3infra.config.parse_stack_config)")
+        else:
+            cfg = parse_stack_config(given.keys, receipt=receipt)
         self.config = cfg
         if cfg.host is None:
             raise ConfigError("k3:host", None, "is required for K3HostStack")

@@ -80,7 +80,7 @@ class GpuOperatorValues(_Strict):
 
 def charts_dir() -> Path:
     """`charts/` of the checkout; another directory is passed explicitly
-    (`ClusterAddons(..., charts_dir=...)`), never through the environment."""
+    (`ClusterAddons` args `chartsDir`), never through the environment."""
     return Path(__file__).resolve().parents[2] / "charts"
 
 

@@ -3,17 +3,20 @@ Operator, when `k3:nodePool.gpuOperator` asks for it). Opt-in and separate from 
 per-instance `K3ServingStack`, so two instances in one cluster never fight over one Helm
 release; the stack program creates it and makes the instance depend on it.
 
-    addons = ClusterAddons("cluster-addons", cfg, receipt, opts=ResourceOptions(provider=k8s))
-    K3ServingStack("kimi-k3", cfg, ResourceOptions(provider=k8s, depends_on=[addons]), receipt=receipt)
+    addons = ClusterAddons("cluster-addons", {"config": cfg, "receipt": receipt},
+                           ResourceOptions(provider=k8s))
+    K3ServingStack("kimi-k3", {"config": cfg, "receipt": receipt},
+                   ResourceOptions(provider=k8s, depends_on=[addons]))
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import NotRequired, Optional, Required, TypedDict, Union
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.kube import apply_manifest, child_options
 from k3infra.nodepool.addons import HelmRelease, addon_releases
@@ -21,15 +24,25 @@ from k3infra.nodepool.base import pool_spec
 from k3infra.receipt import Receipt
 
 
+class ClusterAddonsArgs(TypedDict):
+    config: Required[StackConfig]   # the validated stack config (k3:nodePool)
+    receipt: Required[Receipt]      # the receipt the stack deploys
+    chartsDir: NotRequired[Union[Path, str]]   # charts/addons.yaml's directory (default:
+                                               # the package's; tests pass their own)
+
+
 class ClusterAddons(pulumi.ComponentResource):
     """Pinned Helm releases from charts/addons.yaml for the pool's cloud."""
 
     addons: pulumi.Output[list]
 
-    def __init__(self, name: str, cfg: StackConfig, receipt: Receipt,
-                 opts: Optional[pulumi.ResourceOptions] = None,
-                 charts_dir: Optional[Path] = None):
-        releases = addon_releases(pool_spec(cfg, receipt), charts_dir)   # refuses first
+    def __init__(self, name: str, args: ClusterAddonsArgs,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        cfg = required(args, "config", "ClusterAddons", StackConfig, "the validated stack config")
+        receipt = required(args, "receipt", "ClusterAddons", Receipt)
+        charts_dir = args.get("chartsDir")
+        releases = addon_releases(pool_spec(cfg, receipt),
+                                  Path(charts_dir) if charts_dir is not None else None)  # refuses first
         super().__init__("k3infra:index:ClusterAddons", name, None, opts)
         self.releases: list[pulumi.Resource] = [
             r for release in releases for r in _register_release(self, name, release, opts)]

@@ -1,7 +1,7 @@
 """`B300NodePool`: the 8x B300 nodes one K3 instance's replicas land on, for one target
 (aws, oci, nebius, coreweave, existing). Its nodes carry `k3infra.dev/pool: <instance>`.
 
-    pool = B300NodePool("kimi-k3-pool", cfg, receipt, instance="kimi-k3")
+    pool = B300NodePool("kimi-k3-pool", {"config": cfg, "receipt": receipt, "instance": "kimi-k3"})
     VllmServing(..., opts=ResourceOptions(depends_on=[pool]))
 
 Thin: the spec comes from `base.pool_spec`, the cloud resources from the adapter module
@@ -10,15 +10,23 @@ pool: `ClusterAddons` (k3infra.nodepool.cluster_addons) installs them once per c
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import NotRequired, Optional, Required, TypedDict, Union
 
 import pulumi
 
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import child_options
 from k3infra.nodepool.base import load_adapter, pool_spec
 from k3infra.receipt import Receipt
+
+
+class B300NodePoolArgs(TypedDict):
+    config: Required[Union[StackConfig, StackInputs]]  # the validated stack config
+    receipt: Required[Receipt]      # the receipt the stack deploys
+    instance: NotRequired[str]      # the instance whose replicas land on the pool (its
+                                    # nodes' k3infra.dev/pool label); default: from the name
 
 
 class B300NodePool(pulumi.ComponentResource):
@@ -29,11 +37,12 @@ class B300NodePool(pulumi.ComponentResource):
     node_count: pulumi.Output[int]
     node_labels: pulumi.Output[dict]
 
-    def __init__(self, name: str, cfg: Union[StackConfig, StackInputs], receipt: Receipt,
-                 opts: Optional[pulumi.ResourceOptions] = None,
-                 instance: Optional[str] = None):
-        inputs = StackInputs.of(cfg)
-        spec = pool_spec(inputs.plain, receipt, name=name, instance=instance)
+    def __init__(self, name: str, args: B300NodePoolArgs,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        inputs = StackInputs.of(required(args, "config", "B300NodePool", (StackConfig, StackInputs),
+                                         "the validated stack config"))
+        receipt = required(args, "receipt", "B300NodePool", Receipt)
+        spec = pool_spec(inputs.plain, receipt, name=name, instance=args.get("instance"))
         adapter = load_adapter(spec.provider)
         super().__init__("k3infra:index:B300NodePool", name, None, opts)
         self.spec = spec

@@ -3,11 +3,12 @@ the metrics Service + ServiceMonitor, the PrometheusRule and the dashboard Confi
 with k3:autoscaling, the KEDA ScaledObject."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Required, TypedDict, Union
 
 import pulumi
 
 from k3infra import naming
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, child_options
@@ -27,6 +28,13 @@ def _objects(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames, ins
     return objects
 
 
+class ServingOperationsArgs(TypedDict):
+    receipt: Required[Receipt]      # the receipt the stack deploys
+    config: Required[Union[StackConfig, StackInputs]]  # the validated stack config
+    names: Required[naming.ServingNames]   # the instance's object names
+    instance: Required[str]
+
+
 class ServingOperations(pulumi.ComponentResource):
     """What operating the serving pods needs beyond the pods themselves. Every child
     records the component's `opts.depends_on` (the namespace)."""
@@ -34,10 +42,13 @@ class ServingOperations(pulumi.ComponentResource):
     network_policy_names: pulumi.Output[list]
     monitoring_kinds: pulumi.Output[list]
 
-    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
-                 names: naming.ServingNames, instance: str,
+    def __init__(self, name: str, args: ServingOperationsArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        receipt = required(args, "receipt", "ServingOperations", Receipt)
+        inputs = StackInputs.of(required(args, "config", "ServingOperations",
+                                         (StackConfig, StackInputs), "the validated stack config"))
+        names = required(args, "names", "ServingOperations", naming.ServingNames)
+        instance = required(args, "instance", "ServingOperations", str)
         super().__init__("k3infra:index:ServingOperations", name, None, opts)
         policies = network_policies(inputs.plain, names, instance)
         for i, policy in enumerate(policies):

@@ -4,7 +4,7 @@ Pulumi's component provider calls `Component(name, args, opts)` and infers the s
 from the annotations of `args` and of the class, with the docstrings under them. This
 is k3infra's `K3ServingStack` with the receipt its args name (`receipt`: a shipped id or a
 project file; unset: the shipped default), typed args
-(`shapes.K3ServingStackArgs`) and its outputs declared again with descriptions; it
+(`shapes.StackKeys`) and its outputs declared again with descriptions; it
 registers the same type token (`k3infra:index:K3ServingStack`), so a program in
 TypeScript, Go or YAML builds exactly what a Python program builds with the same args,
 and a bad value is refused with the same message.
@@ -16,7 +16,7 @@ from typing import Optional
 import pulumi
 
 from k3infra import stack
-from k3infra.plugin.shapes import K3ServingStackArgs
+from k3infra.plugin.shapes import StackKeys
 from k3infra.receipt import stack_receipt
 
 
@@ -59,9 +59,11 @@ class K3ServingStack(stack.K3ServingStack):
     """`k3:topology`: single-node (the measured configuration) or multi-node (one replica
     across two 4-GPU trays of an NVL72 rack: not the measured configuration)."""
 
-    def __init__(self, name: str, args: K3ServingStackArgs,
+    def __init__(self, name: str, args: StackKeys,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        # The receipt the args name (`receipt`), resolved in the program's project.
-        named = dict(args).get("receipt")
-        super().__init__(name, dict(args), opts,
-                         receipt=stack_receipt(named if isinstance(named, str) else None).receipt)
+        # The receipt the args name (`receipt`) is resolved in the program's project by
+        # K3ServingStack; unset, the shipped default (K3INFRA_RECEIPT in tests).
+        args = dict(args)
+        if args.get("receipt") is None:
+            args["receipt"] = stack_receipt(None).receipt
+        super().__init__(name, args, opts)

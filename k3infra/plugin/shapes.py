@@ -4,9 +4,12 @@ The inference (pulumi.provider.experimental.analyzer) reads TypedDicts: str, int
 float, bool, lists, string-keyed maps, nested TypedDicts, `pulumi.Input[T]`. The config
 models (k3infra/config) are the one definition of every `k3:*` key, so the shapes are
 derived from them here, never written twice: every section becomes a named object type
-(`k3:nodePool.aws` -> `AwsPool`), never an untyped map. `K3ServingStackArgs` here is the
-public args type (`from k3infra import K3ServingStackArgs`); the descriptions, defaults and
-secrets the inference cannot read are added by `schema.complete`.
+(`k3:nodePool.aws` -> `AwsPool`), never an untyped map. `StackKeys` is what the plugin's
+args are inferred from; the descriptions, defaults and secrets the inference cannot read
+are added by `schema.complete`. `K3ServingStackArgs` (`from k3infra import
+K3ServingStackArgs`) and `K3HostStackArgs` are the Python components' args: the same keys,
+with `receipt` also a `Receipt` object and required, and `offlineRender`
+(k3infra/componentargs.py).
 
 - keys in `k3infra.inputs.WIREABLE` and the secrets are `pulumi.Input[T]`; every other
   key is plain (it decides which resources exist), so a generated SDK types it plain;
@@ -28,6 +31,7 @@ from pydantic import BaseModel
 
 from k3infra.config import SECRET_KEYS, Secret, StackConfig
 from k3infra.inputs import WIREABLE
+from k3infra.receipt import Receipt
 
 ARGS_NAME = "K3ServingStackArgs"
 
@@ -111,4 +115,23 @@ def build_shapes() -> tuple[type, dict[str, Shape]]:
     return args, shapes
 
 
-K3ServingStackArgs, SHAPES = build_shapes()
+StackKeys, SHAPES = build_shapes()
+
+
+def program_args(name: str, component: str) -> type:
+    """The args of a Python program's `component`: every `k3:*` key (StackKeys), `receipt`
+    required (a `Receipt`, or a receipt the project names, as `k3:receipt`), and
+    `offlineRender` (set by `k3infra render` only). Not what the plugin schema is inferred
+    from: a `Receipt` object does not cross languages, nor does render mode."""
+    fields = dict(StackKeys.__annotations__)
+    fields["receipt"] = Required[Union[str, Receipt]]
+    fields["offlineRender"] = NotRequired[bool]
+    typed_dict = TypedDict(name, fields)  # type: ignore[misc]
+    typed_dict.__doc__ = (f"`{component}`'s args: the `k3:*` keys without the prefix, the "
+                          "receipt and offlineRender (k3infra/componentargs.py).")
+    typed_dict.__module__ = __name__
+    return typed_dict
+
+
+K3ServingStackArgs = program_args(ARGS_NAME, "K3ServingStack")
+K3HostStackArgs = program_args("K3HostStackArgs", "K3HostStack")

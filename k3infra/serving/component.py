@@ -1,10 +1,11 @@
 """`VllmServing`: registers the serving objects the pure builders return."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, NotRequired, Optional, Required, Sequence, TypedDict, Union
 
 import pulumi
 
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs, wired_build
 from k3infra.kube import apply_built, apply_manifest, child_options
@@ -16,22 +17,42 @@ from k3infra.topology import is_multi_node
 from k3infra.weights.manifests import WeightsParts
 
 
+class VllmServingArgs(TypedDict):
+    receipt: Required[Receipt]      # the receipt the stack deploys: flags, env, pins
+    config: Required[Union[StackConfig, StackInputs]]  # the validated stack config
+    image: Required[pulumi.Input[str]]   # the engine image (repo@sha256:...)
+    weights: Required[Union[WeightsParts, Callable[[StackConfig], WeightsParts]]]
+    # (what the serving pod mounts; WeightsPrefetch.parts_for rebuilds it from a
+    # resolved config)
+    names: Required[m.ServingNames]      # the instance's object names
+    instance: Required[str]
+    enginePins: Required[dict[str, str]]   # the engine build's pins (EnginePlan.pins())
+    workloadDependsOn: NotRequired[Sequence[pulumi.Resource]]
+    # what the workload alone waits for (the weights Jobs, the Secrets, the node pool):
+    # the Services, PDB and pre-pull do not wait for the weights
+
+
 class VllmServing(pulumi.ComponentResource):
     """The vLLM StatefulSet with the receipt's flags, its Services and PDB.
 
-    `depends_on` (the weights Job, the Secrets, the node pool) is recorded on the
-    StatefulSet itself; the component's own `opts.depends_on` on every child."""
+    `workloadDependsOn` is recorded on the StatefulSet (or each LeaderWorkerSet) itself;
+    the component's own `opts.depends_on` on every child."""
 
     statefulset: pulumi.CustomResource
     service_name: pulumi.Output[str]
     template_digest: Optional[pulumi.Output[str]] = None   # single-node only
 
-    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
-                 image: Any, weights: Union[WeightsParts, Callable[[StackConfig], WeightsParts]],
-                 names: m.ServingNames, instance: str, engine_pins: dict[str, str],
-                 depends_on: Sequence[pulumi.Resource] = (),
+    def __init__(self, name: str, args: VllmServingArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        receipt = required(args, "receipt", "VllmServing", Receipt)
+        inputs = StackInputs.of(required(args, "config", "VllmServing",
+                                         (StackConfig, StackInputs), "the validated stack config"))
+        image = required(args, "image", "VllmServing", what="the engine image")
+        weights = required(args, "weights", "VllmServing", what="the WeightsParts")
+        names = required(args, "names", "VllmServing", m.ServingNames)
+        instance = required(args, "instance", "VllmServing", str)
+        engine_pins = required(args, "enginePins", "VllmServing", dict)
+        depends_on = list(args.get("workloadDependsOn", ()))
         plain = inputs.plain
         parts = weights if callable(weights) else (lambda _c: weights)
         super().__init__("k3infra:index:VllmServing", name, None, opts)

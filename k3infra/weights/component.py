@@ -15,10 +15,11 @@ link rates.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import NotRequired, Optional, Required, TypedDict, Union
 
 import pulumi
 
+from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_built, apply_manifest, child_options
@@ -26,6 +27,17 @@ from k3infra.receipt import Receipt
 from k3infra.weights import fanout
 from k3infra.weights import manifests as w
 from k3infra.weights import source_server as s
+
+
+class WeightsPrefetchArgs(TypedDict):
+    receipt: Required[Receipt]      # the receipt the stack deploys (repo, revision, digest)
+    config: Required[Union[StackConfig, StackInputs]]  # the validated stack config
+    base: Required[str]             # object name prefix (the instance)
+    namespace: Required[str]
+    labels: Required[dict]          # labels on every object
+    image: Required[pulumi.Input[str]]   # the engine image (repo@sha256:...) the Jobs run
+    hfTokenSecret: NotRequired[Optional[str]]   # the Secret holding k3:hfToken, if any
+    lockText: NotRequired[Optional[str]]        # the stack's weights lock file, if any
 
 
 class WeightsPrefetch(pulumi.ComponentResource):
@@ -37,11 +49,17 @@ class WeightsPrefetch(pulumi.ComponentResource):
     sources: dict          # copy index -> [Deployment, Service] of its in-cluster source
     parts: w.WeightsParts
 
-    def __init__(self, name: str, receipt: Receipt, cfg: Union[StackConfig, StackInputs],
-                 base: str, namespace: str, labels: dict, image: Any,
-                 hf_token_secret: Optional[str], lock_text: Optional[str],
+    def __init__(self, name: str, args: WeightsPrefetchArgs,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = StackInputs.of(cfg)
+        receipt = required(args, "receipt", "WeightsPrefetch", Receipt)
+        inputs = StackInputs.of(required(args, "config", "WeightsPrefetch",
+                                         (StackConfig, StackInputs), "the validated stack config"))
+        base = required(args, "base", "WeightsPrefetch", str)
+        namespace = required(args, "namespace", "WeightsPrefetch", str)
+        labels = required(args, "labels", "WeightsPrefetch", dict)
+        image = required(args, "image", "WeightsPrefetch", what="the engine image")
+        hf_token_secret = args.get("hfTokenSecret")
+        lock_text = args.get("lockText")
         plain = inputs.plain
         super().__init__("k3infra:index:WeightsPrefetch", name, None, opts)
         deps = [apply_manifest(f"{name}-runtime",

@@ -57,10 +57,10 @@ def shared_namespace_program(instances: tuple[str, ...]) -> str:
     first, rest = program.split("k3 = K3ServingStack(", 1)
     body = "K3ServingStack(" + rest.split("pulumi.export")[0]
     owns = "createNamespace=True,   # this instance creates and owns it"
-    end = "), receipt=load_receipt())"
+    end = "    receipt=load_receipt(),\n))"
     assert owns in body and end in body and f'namespace="{SHARED_NAMESPACE}"' in body
     body = body.replace(owns, "createNamespace=False,").replace(
-        end, "), pulumi.ResourceOptions(depends_on=[user_ns]), receipt=load_receipt())")
+        end, "    receipt=load_receipt(),\n), pulumi.ResourceOptions(depends_on=[user_ns]))")
     user_ns = ("import pulumi_kubernetes as k8s\n\n"
                f'user_ns = k8s.core.v1.Namespace("{SHARED_NAMESPACE}", metadata={{\n'
                f'    "name": "{SHARED_NAMESPACE}",\n'
