@@ -29,6 +29,28 @@ class ClientJobArgs(TypedDict):
                                                            # (serving ready, the Secrets)
 
 
+class EndpointJobArgs(ClientJobArgs):
+    """A client Job that talks to the stack's endpoint with the API key."""
+    base: Required[str]             # object name prefix (the instance)
+    namespace: Required[str]
+    labels: Required[dict]
+    baseUrl: Required[str]          # the endpoint the Job talks to
+    apiKeySecret: Required[str]     # the Secret with the API key, and its key
+    apiKeySecretKey: Required[str]
+    servingSelector: Required[dict]   # the serving pods' labels
+
+
+def endpoint_args(args: EndpointJobArgs, component: str) -> tuple[str, dict]:
+    """The name prefix, and the endpoint keys as the Job builders' keywords (namespace,
+    labels, base_url, api_key_secret, api_key_secret_key, serving_selector)."""
+    keys = (("namespace", str), ("labels", dict), ("baseUrl", str), ("apiKeySecret", str),
+            ("apiKeySecretKey", str), ("servingSelector", dict))
+    snake = {"baseUrl": "base_url", "apiKeySecret": "api_key_secret",
+             "apiKeySecretKey": "api_key_secret_key", "servingSelector": "serving_selector"}
+    return (required(args, "base", component, str),
+            {snake.get(k, k): required(args, k, component, t) for k, t in keys})
+
+
 def common_args(args: ClientJobArgs, component: str) -> tuple[Receipt, StackInputs, list]:
     """The receipt, the inputs and the Job's dependencies of a client Job's args."""
     receipt = required(args, "receipt", component, Receipt)

@@ -16,7 +16,8 @@ import pulumi_kubernetes as k8s
 
 from k3infra import clientjob, naming
 from k3infra.bench import manifests as b
-from k3infra.clientjob_component import ClientJob, ClientJobArgs, common_args
+from k3infra.clientjob_component import (ClientJob, ClientJobArgs, EndpointJobArgs,
+                                        common_args, endpoint_args)
 from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.kube import child_options
@@ -25,16 +26,9 @@ from k3infra.serving import rollout
 from k3infra.weights.manifests import WeightsParts
 
 
-class BenchmarkArgs(ClientJobArgs):
+class BenchmarkArgs(EndpointJobArgs):
     image: Required[pulumi.Input[str]]   # the engine image (repo@sha256:...)
     weights: Required[Union[WeightsParts, Callable[[StackConfig], WeightsParts]]]
-    base: Required[str]             # object name prefix (the instance)
-    namespace: Required[str]
-    labels: Required[dict]
-    baseUrl: Required[str]          # the endpoint the benchmark talks to
-    apiKeySecret: Required[str]     # the Secret with the API key, and its key
-    apiKeySecretKey: Required[str]
-    servingSelector: Required[dict]   # the serving pods' labels
 
 
 class Benchmark(ClientJob):
@@ -45,25 +39,16 @@ class Benchmark(ClientJob):
         receipt, inputs, depends_on = common_args(args, "Benchmark")
         image = required(args, "image", "Benchmark", what="the engine image")
         weights = required(args, "weights", "Benchmark", what="the WeightsParts")
-        base = required(args, "base", "Benchmark", str)
-        namespace = required(args, "namespace", "Benchmark", str)
-        labels = required(args, "labels", "Benchmark", dict)
-        base_url = required(args, "baseUrl", "Benchmark", str)
-        api_key_secret = required(args, "apiKeySecret", "Benchmark", str)
-        api_key_secret_key = required(args, "apiKeySecretKey", "Benchmark", str)
-        serving_selector = required(args, "servingSelector", "Benchmark", dict)
+        base, endpoint = endpoint_args(args, "Benchmark")
         parts = weights if callable(weights) else (lambda _c: weights)
         super().__init__("k3infra:index:Benchmark", name, None, opts)
         names = b.BenchmarkNames(base)
         self._build(
             name, inputs, opts, names=names,
-            runtime=lambda c: b.runtime_configmap(names, namespace, labels),
-            claim=lambda c: b.results_pvc(names, namespace, labels, c),
-            job=lambda c: b.benchmark_job(receipt, c, names=names, namespace=namespace,
-                                          labels=labels, image=image, base_url=base_url,
-                                          api_key_secret=api_key_secret,
-                                          api_key_secret_key=api_key_secret_key,
-                                          weights=parts(c), serving_selector=serving_selector),
+            runtime=lambda c: b.runtime_configmap(names, endpoint["namespace"], endpoint["labels"]),
+            claim=lambda c: b.results_pvc(names, endpoint["namespace"], endpoint["labels"], c),
+            job=lambda c: b.benchmark_job(receipt, c, names=names, image=image,
+                                          weights=parts(c), **endpoint),
             timeout_seconds=b.job_timeout_seconds(inputs.plain), depends_on=depends_on)
 
 

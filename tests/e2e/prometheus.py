@@ -51,6 +51,7 @@ import promql_parser
 import yaml
 
 from apiserver import Cluster, _free_port
+from node import wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 START_TIMEOUT_S = 60.0
@@ -299,3 +300,37 @@ def run(workdir: Path, host: str, cluster: Cluster, monitors: list[dict], rules:
                 proc.kill()
                 proc.wait()
             shutil.rmtree(workdir / "data", ignore_errors=True)
+
+
+# Read by no exporter that runs on the node (kube-state-metrics, dcgm-exporter).
+EXPORTER_SERIES = {"kube_pod_container_state_started", "kube_pod_status_ready",
+                   "kube_pod_container_status_restarts_total", "DCGM_FI_DEV_GPU_UTIL",
+                   "kube_node_status_allocatable", "kube_pod_info"}
+
+
+def check_rules_and_dashboard(prom: "Prometheus", rule: dict, namespace: str, pods: str,
+                              dashboard: Path) -> None:
+    """After three scrapes of `namespace`: every rule's vLLM and `up` selectors return
+    series and only the exporters' none; every alert turns inactive (absent(up) holds at
+    an evaluation before the first scrape); every dashboard query returns data but the
+    cold-start panel's two (kube-state-metrics alone). Printed as it goes."""
+    wait_for("three scrapes", lambda: prom.query(
+        f'count_over_time(up{{namespace="{namespace}"}}[1m]) >= 3'), timeout=60)
+    report = prom.rule_series(rule)
+    for alert, selector, count in report:
+        print(f"  {alert}: {selector} -> {count} series")
+    vllm_or_up = [(a, sel, n) for a, sel, n in report if sel.startswith(("vllm:", "up{"))]
+    assert vllm_or_up and all(n > 0 for _a, _s, n in vllm_or_up), vllm_or_up
+    assert {sel.split("{")[0] for _a, sel, n in report if n == 0} <= EXPORTER_SERIES
+    states = wait_for("every alert inactive", lambda: (
+        lambda st: st if set(st.values()) == {"inactive"} else None)(prom.alert_states()),
+        timeout=60)
+    print(f"  alert states: {states}")
+    board = json.loads(dashboard.read_text())
+    empty = []
+    for title, ref, expr in dashboard_queries(board, namespace, pods):
+        count = len(prom.query(expr))
+        print(f"  dashboard {title!r} {ref}: {count} series")
+        if count == 0:
+            empty.append(title)
+    assert empty == ["Cold start: time to Ready", "Cold start: time to Ready"], empty

@@ -398,35 +398,8 @@ def test_prometheus_evaluates_the_rendered_rules_on_the_engines_metrics(node, st
         assert sorted((t["labels"]["namespace"], t["labels"]["pod"], t["labels"]["service"])
                       for t in found) == [(ns, f"{s['statefulset']}-{i}", f"{STACK_NS}-metrics")
                                           for i in range(REPLICAS)]
-        # rate() needs two samples in its window: three scrapes, then the rules and queries.
-        wait_for("three scrapes", lambda: prom.query(
-            f'count_over_time(up{{namespace="{ns}"}}[1m]) >= 3'), timeout=60)
-
-        report = prom.rule_series(rule)
-        for alert, selector, count in report:
-            print(f"  {alert}: {selector} -> {count} series")
-        vllm_or_up = [(a, sel, n) for a, sel, n in report if sel.startswith(("vllm:", "up{"))]
-        assert vllm_or_up and all(n > 0 for _a, _s, n in vllm_or_up), vllm_or_up
-        # No kube-state-metrics or dcgm-exporter on this node: their selectors are empty.
-        assert {sel.split("{")[0] for _a, sel, n in report if n == 0} <= {
-            "kube_pod_container_state_started", "kube_pod_status_ready",
-            "kube_pod_container_status_restarts_total", "DCGM_FI_DEV_GPU_UTIL",
-            "kube_node_status_allocatable", "kube_pod_info"}
-        # absent(up) holds at an evaluation before the first scrape: quiet from the next.
-        states = wait_for("every alert inactive on a healthy engine", lambda: (
-            lambda st: st if set(st.values()) == {"inactive"} else None)(prom.alert_states()),
-            timeout=30)
-        print(f"  alert states on a healthy engine: {states}")
-
-        board = json.loads((ROOT / "charts" / "dashboards" / "kimi-k3-vllm.json").read_text())
-        empty = []
-        for title, ref, expr in prometheus.dashboard_queries(board, ns, f"{STACK_NS}-[0-9]+"):
-            count = len(prom.query(expr))
-            print(f"  dashboard {title!r} {ref}: {count} series")
-            if count == 0:
-                empty.append((title, expr))
-        # Only the cold-start panel reads kube-state-metrics alone.
-        assert [t for t, _e in empty] == ["Cold start: time to Ready", "Cold start: time to Ready"]
+        prometheus.check_rules_and_dashboard(prom, rule, ns, f"{STACK_NS}-[0-9]+",
+                                             ROOT / "charts" / "dashboards" / "kimi-k3-vllm.json")
 
         # The engine stops answering /metrics (the pod and its proxy stay): up = 0.
         with node.cluster.api_client() as api:

@@ -709,29 +709,8 @@ def test_prometheus_on_the_live_engine_and_the_engine_killed(stack, node, tmp_pa
             print(f"\nPrometheus {prom.url}: target {target['scrapeUrl']} up "
                   f"{time.monotonic() - start:.1f} s after start, labels {target['labels']}")
         assert sorted(t["labels"]["pod"] for t in found) == [f"{STS}-{i}" for i in range(REPLICAS)]
-        # rate() needs two samples in its window: three scrapes, then the rules and queries.
-        wait_for("three scrapes", lambda: prom.query(
-            f'count_over_time(up{{namespace="{NS}"}}[1m]) >= 3'), timeout=60)
-        report = prom.rule_series(rule)
-        for alert, selector, count in report:
-            print(f"  {alert}: {selector} -> {count} series")
-        vllm_or_up = [(a, sel, n) for a, sel, n in report if sel.startswith(("vllm:", "up{"))]
-        assert vllm_or_up and all(n > 0 for _a, _s, n in vllm_or_up), vllm_or_up
-        # No kube-state-metrics or dcgm-exporter on this node: their selectors are empty.
-        assert {sel.split("{")[0] for _a, sel, n in report if n == 0} <= {
-            "kube_pod_container_state_started", "kube_pod_status_ready",
-            "kube_pod_container_status_restarts_total", "DCGM_FI_DEV_GPU_UTIL",
-            "kube_node_status_allocatable", "kube_pod_info"}
-        states = wait_for("every alert inactive on the live engine", lambda: (
-            lambda st: st if set(st.values()) == {"inactive"} else None)(prom.alert_states()),
-            timeout=60)
-        print(f"  alert states on the live engine: {states}")
-        board = json.loads((ROOT / "charts" / "dashboards" / "kimi-k3-vllm.json").read_text())
-        empty = [title for title, ref, expr in prometheus.dashboard_queries(board, NS, f"{STS}-[0-9]+")
-                 if not prom.query(expr)]
-        print(f"  dashboard panels without data: {empty}")
-        # Only the cold-start panel reads kube-state-metrics alone.
-        assert empty == ["Cold start: time to Ready", "Cold start: time to Ready"]
+        prometheus.check_rules_and_dashboard(prom, rule, NS, f"{STS}-[0-9]+",
+                                             ROOT / "charts" / "dashboards" / "kimi-k3-vllm.json")
 
         before = read_pod(node)
         restarts = next(s.restart_count for s in before.status.container_statuses
