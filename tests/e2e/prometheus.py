@@ -24,7 +24,8 @@ What differs from the Prometheus Operator, and why (listed in docs/e2e.md):
 - the scrape and evaluation intervals are `interval` (default 2 s), not the
   ServiceMonitor's, so a test sees series within seconds; rule windows and `for` are
   unchanged (an alert whose expression holds is `pending` until its `for` has passed:
-  tests/test_operations_promtool.py tests the `for`s).
+  tests/test_operations_promtool.py tests the `for`s), but where a test edits its copy
+  and says so (the stack module's p99 alert, `for` 2 s, to be seen firing).
 
     with prometheus.run(workdir, node.ip, node.cluster, [service_monitor],
                         [prometheus_rule]) as prom:
