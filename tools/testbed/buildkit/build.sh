@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build BuildKit (buildkitd, buildctl) and rootlesskit from the modules pinned in go.mod:
-#   tools/engine/buildkit/build.sh OUTDIR   ->   OUTDIR/{buildkitd,buildctl,rootlesskit}
+#   tools/testbed/buildkit/build.sh OUTDIR   ->   OUTDIR/{buildkitd,buildctl,rootlesskit}
 # Static (no cgo), as BuildKit's own release images build them; buildkitd runs Debian's
 # runc (.ci/run installs it for the node; the rootless image carries its own).
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.

@@ -4,7 +4,7 @@
 # from the versions pinned in this folder's go.mod/go.sum, and the Prometheus Operator
 # CRDs into OUTDIR/crds/ from crds/go.mod.
 #
-#   tools/engine/cluster/build.sh OUTDIR
+#   tools/testbed/cluster/build.sh OUTDIR
 #
 # Reproducible: -trimpath, -mod=readonly (go.sum must already hold every module),
 # CGO off (static binaries, as Kubernetes releases them), and link-time version

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build compose-config (main.go: compose-go's loader, the one Docker Compose v2 uses) from
 # the module pinned in go.mod:
-#   tools/engine/compose/build.sh OUTDIR   ->   OUTDIR/compose-config
+#   tools/testbed/compose/build.sh OUTDIR   ->   OUTDIR/compose-config
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail
 if [ $# -ne 1 ]; then

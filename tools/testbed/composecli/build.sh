@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build Docker Compose v2 (the module's own cmd/, as its Makefile builds it) from the
 # module pinned in go.mod:
-#   tools/engine/composecli/build.sh OUTDIR   ->   OUTDIR/docker-compose
+#   tools/testbed/composecli/build.sh OUTDIR   ->   OUTDIR/docker-compose
 # Run standalone (`docker-compose ...`), it talks to the daemon DOCKER_HOST names.
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the e2e node's cluster DNS (main.go: CoreDNS with the kubernetes plugin) from the
 # module pinned in go.mod:
-#   tools/engine/coredns/build.sh OUTDIR   ->   OUTDIR/coredns
+#   tools/testbed/coredns/build.sh OUTDIR   ->   OUTDIR/coredns
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail
 if [ $# -ne 1 ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build fake-gcs-server (the Google Cloud Storage emulator the weights store tests read
 # from, tests/store_servers.py) from the module pinned in go.mod (a `tool` line):
-#   tools/engine/fakegcs/build.sh OUTDIR   ->   OUTDIR/fake-gcs-server
+#   tools/testbed/fakegcs/build.sh OUTDIR   ->   OUTDIR/fake-gcs-server
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail
 if [ $# -ne 1 ]; then

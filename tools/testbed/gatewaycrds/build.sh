@@ -4,7 +4,7 @@
 # API Inference Extension's InferencePool, Envoy Gateway's SecurityPolicy and KEDA's
 # ScaledObject, copied into OUTDIR/gateway-crds/.
 #
-#   tools/engine/gatewaycrds/build.sh OUTDIR
+#   tools/testbed/gatewaycrds/build.sh OUTDIR
 #
 # Each file comes from its project's Go module at the pinned version (the module proxy:
 # the one source this machine reaches, and what `go` verifies against the checksum

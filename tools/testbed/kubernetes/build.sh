@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Kubernetes resource provider plugin from the module pinned in go.mod:
-#   tools/engine/kubernetes/build.sh OUTDIR   ->   OUTDIR/pulumi-resource-kubernetes
+#   tools/testbed/kubernetes/build.sh OUTDIR   ->   OUTDIR/pulumi-resource-kubernetes
 #
 # go.sum must already be complete (-mod=readonly): a warm module cache builds
 # offline (GOPROXY=off works), a cold one fetches from the Go module proxy.

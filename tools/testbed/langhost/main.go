@@ -174,7 +174,7 @@ func (h *languageHost) GetPluginInfo(context.Context, *emptypb.Empty) (*pulumirp
 	return &pulumirpc.PluginInfo{Version: version.Version}, nil
 }
 
-// Plugins are installed explicitly (`make engine` installs the Kubernetes provider with
+// Plugins are installed explicitly (`make testbed` installs the Kubernetes provider with
 // `pulumi plugin install --file`), so the host reports none: the engine then loads each
 // provider on first use at the version the SDK asks for, and fails if it is missing.
 func (h *languageHost) GetRequiredPlugins(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the e2e node's NetworkPolicy enforcement (main.go: kube-router's network policy
 # controller alone) from the module pinned in go.mod:
-#   tools/engine/netpol/build.sh OUTDIR   ->   OUTDIR/kube-router-netpol
+#   tools/testbed/netpol/build.sh OUTDIR   ->   OUTDIR/kube-router-netpol
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail
 if [ $# -ne 1 ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the weights tests' S3 server (main.go: versitygw's posix backend, embedded) from
 # the module pinned in go.mod:
-#   tools/engine/s3server/build.sh OUTDIR   ->   OUTDIR/s3server
+#   tools/testbed/s3server/build.sh OUTDIR   ->   OUTDIR/s3server
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail
 if [ $# -ne 1 ]; then

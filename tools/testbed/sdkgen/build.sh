@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build sdkgen (main.go: Pulumi's Go and Node.js SDK generators over a schema file) from
 # pkg/v3 at the CLI's version, so a cold build reuses the CLI's compiled packages:
-#   tools/engine/sdkgen/build.sh OUTDIR   ->   OUTDIR/sdkgen
+#   tools/testbed/sdkgen/build.sh OUTDIR   ->   OUTDIR/sdkgen
 # go.sum must already be complete (-mod=readonly): a warm module cache builds offline.
 set -euo pipefail
 if [ $# -ne 1 ]; then

@@ -9,7 +9,7 @@
 # github.com/NVIDIA/k8s-dra-driver-gpu (403 "This module version is not available"), so
 # its schema is k3infra's own statement of the v25.8.1 API (tests/workload_crds.py).
 #
-#   tools/engine/workload-crds/build.sh OUTDIR   ->   OUTDIR/workload-crds/<file>.yaml
+#   tools/testbed/workload-crds/build.sh OUTDIR   ->   OUTDIR/workload-crds/<file>.yaml
 set -euo pipefail
 if [ $# -ne 1 ]; then
     echo "usage: $0 OUTDIR" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build Pulumi YAML's language host from the module pinned in go.mod:
-#   tools/engine/yaml/build.sh OUTDIR   ->   OUTDIR/pulumi-language-yaml
+#   tools/testbed/yaml/build.sh OUTDIR   ->   OUTDIR/pulumi-language-yaml
 # pulumi-yaml v1.25.0 (the newest the proxy serves) is built with the pkg/v3 and sdk/v3
 # it requires (v3.206.0): it does not compile against the CLI's v3.274.1 (plugin.Context
 # and schema.NewPluginLoader changed). go.sum must already be complete (-mod=readonly):
