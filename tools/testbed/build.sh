@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Build (or reuse) the real Pulumi engine and a Kubernetes control plane from Go modules,
-# into a cache outside the work tree; print the bin directory as the last line.
+# Build (or reuse) the testbed: the real Pulumi CLI, a Kubernetes control plane and the
+# other binaries the tests run, from Go modules, into a cache outside the work tree; print
+# the bin directory as the last line.
 #
-#   tools/engine/build.sh            # build what is missing, print the bin dir
-#   K3INFRA_ENGINE_CACHE=DIR ...     # cache root (default ~/.cache/k3infra/engine)
-#   K3INFRA_ENGINE_PARTS="pulumi kubernetes" ...   # only these parts (default: all three)
+#   tools/testbed/build.sh            # build what is missing, print the bin dir
+#   tools/testbed/build.sh --keys     # print "NAME KEY" for each wanted part; build nothing
+#   K3INFRA_TESTBED_CACHE=DIR ...     # cache root (default ~/.cache/k3infra/testbed)
+#   K3INFRA_TESTBED_PARTS="pulumi kubernetes" ...   # only these parts (default: all)
 #
 # Each part is its own Go module with its own go.sum, cached under a key that hashes the
 # part's sources (go.mod, go.sum, *.go, build.sh): a change to one part rebuilds only it.
@@ -14,14 +16,35 @@
 #   netpol/      kube-router-netpol (the e2e node's NetworkPolicy enforcement)
 #   <dir>/       any other folder with a build.sh OUTDIR is a part too
 # No binary is committed; nothing is downloaded but Go modules from the module proxy.
+# The Go module paths (go.mod) keep the folder's old name (issue 47): they are linked into
+# the binaries and hashed into the keys, so renaming them would rebuild every part.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="${K3INFRA_ENGINE_CACHE:-$HOME/.cache/k3infra/engine}"
+keys_only=0
+if [[ "${1:-}" == --keys ]]; then keys_only=1; fi
+root="${K3INFRA_TESTBED_CACHE:-$HOME/.cache/k3infra/testbed}"
+# Migration (issue 47): until then this folder was tools/engine, its variables
+# K3INFRA_ENGINE_CACHE and K3INFRA_ENGINE_PARTS (no longer read: said once here), and its
+# cache the old root below. The first run with the default root moves the old root here
+# (one rename, the same file system), so nothing rebuilds, and leaves a link in its place:
+# a checkout from before the rename, or a test still running from one, keeps finding its
+# parts and its bin dirs (absolute links through the old root's path).
+if [[ -n "${K3INFRA_ENGINE_CACHE:-}${K3INFRA_ENGINE_PARTS:-}" ]]; then
+  echo "testbed: K3INFRA_ENGINE_CACHE/K3INFRA_ENGINE_PARTS are not read: K3INFRA_TESTBED_*" >&2
+fi
+old_root="$HOME/.cache/k3infra/engine"
+if [[ -z "${K3INFRA_TESTBED_CACHE:-}" && ! -e "$root" && -d "$old_root" && ! -L "$old_root" ]] \
+    && (( ! keys_only )); then
+  if mv -T "$old_root" "$root" 2>/dev/null; then
+    ln -sfn testbed "$old_root"
+    echo "testbed: moved the cache $old_root to $root" >&2
+  fi  # else another run moved it first
+fi
 # Every part links with -s -w (no symbol table, no DWARF), so the compiler need not make
 # DWARF either (-dwarf=false, in each part's GOFLAGS): CoreDNS from an empty build cache,
 # four runs each, 2026-12-04: 160-182 CPU-s with it, 140-160 without (median 166 -> 155).
 export GOFLAGS="-mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"  # no DWARF: stripped anyway (-w)
-mkdir -p "$root"
+(( keys_only )) || mkdir -p "$root"
 
 # The Pulumi version linked into the CLI and the host: the sdk/v3 version go.mod pins.
 pulumi_version() { (cd "$here" && go list -m -f '{{.Version}}' github.com/pulumi/pulumi/sdk/v3); }
@@ -48,22 +71,23 @@ build_cli() {  # OUTDIR
 build_part() {
   local name="$1" dir="$2" builder="$3" key out start
   key="$(part_key "$dir" "${@:4}")"; out="$root/$name-$key"
+  if (( keys_only )); then echo "$name $key"; return; fi
   # One build of a part at a time: two would share (and remove) each other's .tmp dir.
   # Per part, so `make test` (two small parts) never waits for CI's background build of
   # the others.
   exec 9>"$out.lock"
   flock 9
   if [[ -f "$out/.complete" ]]; then
-    echo "engine: $name reused ($out)" >&2
+    echo "testbed: $name reused ($out)" >&2
   else
-    echo "engine: building $name ..." >&2
+    echo "testbed: building $name ..." >&2
     start=$(date +%s)
     rm -rf "$out.tmp"; mkdir -p "$out.tmp"
     "$builder" "$out.tmp" >&2
     rm -rf "$out"; mv "$out.tmp" "$out"
     echo "$(( $(date +%s) - start ))" > "$out/.build-seconds"
     touch "$out/.complete"
-    echo "engine: $name built in $(cat "$out/.build-seconds") s" >&2
+    echo "testbed: $name built in $(cat "$out/.build-seconds") s" >&2
   fi
   exec 9>&-
   parts+=("$out")
@@ -78,7 +102,7 @@ for f in "$here"/*/build.sh; do
   sub="$(basename "$(dirname "$f")")"
   [[ " ${node_lane[*]} " == *" $sub "* ]] || subs+=("$sub")
 done
-wanted=" ${K3INFRA_ENGINE_PARTS:-pulumi ${subs[*]}} "
+wanted=" ${K3INFRA_TESTBED_PARTS:-pulumi ${subs[*]}} "
 parts=()
 if [[ "$wanted" == *" pulumi "* ]]; then
   build_part pulumi "$here" build_cli go.mod go.sum build.sh langhost
@@ -89,12 +113,19 @@ for sub in "${subs[@]}"; do
   fi
 done
 
-# One bin directory of links, keyed by the parts it joins.
-bin="$root/bin-$(printf '%s\n' "${parts[@]}" | sha256sum | cut -c1-16)"
+(( ! keys_only )) || exit 0
+
+# One bin directory of links, keyed by the parts it joins. The links are relative
+# (../PART-KEY/FILE), so the cache root can move; a bin dir with a dangling link (one
+# made before they were) is made again.
+bin="$root/bin-$(printf '%s\n' "${parts[@]##*/}" | sha256sum | cut -c1-16)"
+if [[ -d "$bin" && -n "$(find "$bin" -maxdepth 1 -xtype l -print -quit)" ]]; then
+  rm -rf "$bin"
+fi
 if [[ ! -d "$bin" ]]; then
   rm -rf "$bin.tmp.$$"; mkdir -p "$bin.tmp.$$"
   for p in "${parts[@]}"; do
-    for f in "$p"/*; do ln -sf "$f" "$bin.tmp.$$/$(basename "$f")"; done
+    for f in "$p"/*; do ln -sf "../${p##*/}/${f##*/}" "$bin.tmp.$$/${f##*/}"; done
   done
   # Two runs joining the same parts: the first rename wins, the other's copy goes.
   mv -T "$bin.tmp.$$" "$bin" 2>/dev/null || rm -rf "$bin.tmp.$$"
