@@ -126,11 +126,28 @@ image_config() {  # LAYOUT DIR: apply DIR/image.conf (one umoci config flag a li
   umoci gc --layout "$1"
 }
 
+# carry NAME KEY: a layout built before tools/engine became tools/testbed (issue 47) under
+# the key this script's text had then, taken over when carried-keys lists it for this key
+# (the rename changed names in this script, not what it builds): a hard-linked copy, so
+# the old key's layout stays for checkouts from before the rename. Drop once no cache
+# holds the old keys.
+carry() {
+  local old
+  [[ ! -f "$root/$1-$2/.complete" ]] || return 0
+  old="$(awk -v n="$1" -v k="$2" '$1 == n && $3 == k { print $2 }' "$here/carried-keys")"
+  [[ -n "$old" && -f "$root/$1-$old/.complete" ]] || return 0
+  rm -rf "$root/$1-$2.carry.$$"
+  cp -al "$root/$1-$old" "$root/$1-$2.carry.$$"
+  mv -T "$root/$1-$2.carry.$$" "$root/$1-$2" 2>/dev/null || rm -rf "$root/$1-$2.carry.$$"
+  log "$1 carried from its key before the rename ($1-$old)"
+}
+
 # build NAME KEY BUILDER: ROOT/NAME-KEY, built by BUILDER OUT unless already complete;
 # sets $built to the layout.
 build() {
   local n="$1" k="$2" builder="$3" out start
   out="$root/$n-$k"
+  carry "$n" "$k"
   if [[ ! -f "$out/.complete" ]] && (( ! cached )); then lock "$out"; fi
   if [[ -f "$out/.complete" ]]; then
     log "$n reused ($out)"
