@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PINS = ROOT / "tools" / "engine" / "workload-crds" / "pins.json"
+PINS = ROOT / "tools" / "testbed" / "workload-crds" / "pins.json"
 
 
 def pins() -> list[dict]:
