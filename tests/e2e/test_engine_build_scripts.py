@@ -78,7 +78,8 @@ def buildctl(testbed_bin, registry, tmp_path_factory):  # noqa: F811
                       '[worker.containerd]\n  enabled = false\n'
                       f'[registry."{reg.address}"]\n  http = true\n')
     wrapper = work / "buildctl"
-    wrapper.write_text(f'#!/bin/sh\nexec {Path(testbed_bin) / "buildctl"} --addr unix://{sock} "$@"\n')
+    buildctl_bin = Path(testbed_bin) / "buildctl"
+    wrapper.write_text(f'#!/bin/sh\nexec {buildctl_bin} --addr unix://{sock} "$@"\n')
     wrapper.chmod(0o755)
     # Stopped whatever happens, and with the test run if it dies (the servers' helper).
     procs = _Processes(work)
