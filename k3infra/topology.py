@@ -9,7 +9,7 @@ them (`--nnodes 2 --node-rank N --master-addr <leader> --master-port 29501`, the
 is the same per-GPU arithmetic, summed over the domain for the message.
 
 The versions named here are what the multi-node objects are written and tested against
-(the LeaderWorkerSet CRD is pinned in tools/engine/workload-crds/; the ComputeDomain
+(the LeaderWorkerSet CRD is pinned in tools/testbed/workload-crds/; the ComputeDomain
 schema the tests use is k3infra's statement of the DRA driver's API, tests/workload_crds.py).
 """
 from __future__ import annotations

@@ -3,9 +3,9 @@ node tier: each one started here, on a free port of 127.0.0.1 (or a given host),
 stopped whatever happens (a context manager; the child also dies with its parent:
 PR_SET_PDEATHSIG).
 
-- S3: versitygw's posix backend (tools/engine/s3server, a Go part): objects are plain
+- S3: versitygw's posix backend (tools/testbed/s3server, a Go part): objects are plain
   files under ROOT/<bucket>/<key>, so a test can tamper with one in place;
-- GCS: fake-gcs-server (tools/engine/fakegcs, a Go part). It serves the reads obstore
+- GCS: fake-gcs-server (tools/testbed/fakegcs, a Go part). It serves the reads obstore
   makes (HEAD, ranged GETs) but not the XML API's object PUT that obstore uploads with
   (fsouza/fake-gcs-server v1.56.1 answers "invalid uploadType"), so objects are seeded
   through its JSON API here, and `mirror`'s upload into GCS is not exercised;
@@ -43,13 +43,13 @@ AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K
 BUCKET = "weights"
 
 
-def engine_binary(name: str, part: str) -> Optional[str]:
-    """A Go part's binary: K3INFRA_ENGINE_BIN (make test/e2e), else the newest complete
-    build of the part in the engine cache."""
-    bin_dir = os.environ.get("K3INFRA_ENGINE_BIN")
+def testbed_binary(name: str, part: str) -> Optional[str]:
+    """A Go part's binary: K3INFRA_TESTBED_BIN (make test/e2e), else the newest complete
+    build of the part in the testbed cache."""
+    bin_dir = os.environ.get("K3INFRA_TESTBED_BIN")
     if bin_dir and (Path(bin_dir) / name).is_file():
         return str(Path(bin_dir) / name)
-    root = Path(os.environ.get("K3INFRA_ENGINE_CACHE", Path.home() / ".cache/k3infra/engine"))
+    root = Path(os.environ.get("K3INFRA_TESTBED_CACHE", Path.home() / ".cache/k3infra/testbed"))
     builds = [p for p in root.glob(f"{part}-*/{name}") if (p.parent / ".complete").is_file()]
     return str(max(builds, key=lambda p: p.stat().st_mtime)) if builds else None
 
@@ -175,10 +175,10 @@ class StoreServer:
 
 
 def s3_server(root: Path, host: str = "127.0.0.1", port: Optional[int] = None) -> StoreServer:
-    binary = engine_binary("s3server", "s3server")
+    binary = testbed_binary("s3server", "s3server")
     if binary is None:
-        raise FileNotFoundError("s3server not built: tools/engine/build.sh with "
-                                "K3INFRA_ENGINE_PARTS=s3server (Go module proxy)")
+        raise FileNotFoundError("s3server not built: tools/testbed/build.sh with "
+                                "K3INFRA_TESTBED_PARTS=s3server (Go module proxy)")
     port = port or free_port(host)
     root.mkdir(parents=True, exist_ok=True)
     return StoreServer("s3", root, host, port, [binary, "-root", str(root), "-listen", f"{host}:{port}"],
@@ -186,10 +186,10 @@ def s3_server(root: Path, host: str = "127.0.0.1", port: Optional[int] = None) -
 
 
 def gcs_server(root: Path, host: str = "127.0.0.1", port: Optional[int] = None) -> StoreServer:
-    binary = engine_binary("fake-gcs-server", "fakegcs")
+    binary = testbed_binary("fake-gcs-server", "fakegcs")
     if binary is None:
-        raise FileNotFoundError("fake-gcs-server not built: tools/engine/build.sh with "
-                                "K3INFRA_ENGINE_PARTS=fakegcs (Go module proxy)")
+        raise FileNotFoundError("fake-gcs-server not built: tools/testbed/build.sh with "
+                                "K3INFRA_TESTBED_PARTS=fakegcs (Go module proxy)")
     port = port or free_port(host)
     root.mkdir(parents=True, exist_ok=True)
     # A service account key with OAuth off and the emulator as base URL (object_store's

@@ -44,7 +44,7 @@ def test_quick_start_says_what_make_test_runs():
             continue
         venvs.append(_expand(stamp, variables).split("/bin/")[0])
     assert venvs and all(f"`{v}`" in quick for v in venvs), venvs
-    for tool in ("nginx-light", "tools/engine/build.sh"):
+    for tool in ("nginx-light", "tools/testbed/build.sh"):
         assert tool in makefile and f"`{tool}`" in quick, tool
     recipe = rule.group(2)
     marker = re.search(r"-m\s+'([^']+)'", recipe)

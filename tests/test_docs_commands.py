@@ -86,7 +86,8 @@ DOCKER = "needs a Docker engine"
 NETWORK = "needs the network (PyPI, GitHub, a registry or the Hub)"
 ENDPOINT = "needs a served Kimi K3 endpoint (8x B300) or the results of one"
 SUITE = "the test suite itself (this test runs inside it)"
-ENGINE = "builds the Pulumi engine from Go modules (network; tens of minutes): make e2e"
+TESTBED = ("builds the testbed (the Pulumi CLI, a cluster, ...) from Go modules (network; tens of "
+           "minutes): make e2e")
 MINUTES = "a benchmark of minutes, not part of make test"
 LOCKS = "a step of regenerating images/*.lock from PyPI and the PyTorch index (network)"
 GPU = ("needs a CUDA host with vLLM (benchmarks/gpu_start.py; the device tool's H200) or the "
@@ -220,7 +221,7 @@ NOT_RUN: dict[str, list[str]] = {
         "key.txt --out results/accuracy --lm-eval .venv-accuracy/bin/lm_eval",
         "k3infra accuracy compare results/accuracy/<run id> --plot accuracy.png",
     ],
-    ENGINE: ["make engine", "make e2e"],
+    TESTBED: ["make testbed", "make e2e"],
     LOCKS: ['IDX="--index-url https://pypi.org/simple --extra-index-url '
             'https://download.pytorch.org/whl/cu130"',
             "echo 'hf-xet>=1.5.2' > /tmp/k3-runtime-constraints.txt",

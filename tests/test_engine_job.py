@@ -489,7 +489,7 @@ def test_report_refuses_incomplete_build_output(api, tmp_path, kwargs, message):
 
 
 def test_the_e2e_buildkit_is_the_default_images_release():
-    """tools/engine/buildkit (the BuildKit `make e2e` runs build.sh with) is the release of
+    """tools/testbed/buildkit (the BuildKit `make e2e` runs build.sh with) is the release of
     the default k3:engine.buildkitImage, so what the e2e tier proves holds for that image."""
     import re
 
@@ -498,7 +498,7 @@ def test_the_e2e_buildkit_is_the_default_images_release():
     default = EngineConfig.model_fields["buildkit_image"].default
     tag = re.match(r"moby/buildkit:(v[0-9.]+)-rootless@sha256:", default)
     assert tag, default
-    gomod = (ROOT / "tools/engine/buildkit/go.mod").read_text()
+    gomod = (ROOT / "tools/testbed/buildkit/go.mod").read_text()
     assert f"github.com/moby/buildkit {tag.group(1)} " in gomod
 
 

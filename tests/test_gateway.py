@@ -272,7 +272,7 @@ def test_scaling_cost_warning(scaled):
 def test_versions_match_the_e2e_crd_pins():
     from k3infra.gateway import versions
 
-    build = (ROOT / "tools/engine/gatewaycrds/build.sh").read_text()
+    build = (ROOT / "tools/testbed/gatewaycrds/build.sh").read_text()
     pins = set(re.findall(r"^(\S+) (v\S+) \S+\.yaml \S+$", build, re.MULTILINE))
     assert pins == {versions.GATEWAY_API, versions.INFERENCE_EXTENSION, versions.ENVOY_GATEWAY,
                     versions.KEDA}

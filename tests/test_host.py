@@ -393,29 +393,29 @@ def test_render_writes_compose_with_the_same_containers(tmp_path):
 
 
 def _compose_config_binary() -> str | None:
-    """compose-config: K3INFRA_COMPOSE_CONFIG, else the engine bin dir `make e2e` sets
-    (K3INFRA_ENGINE_BIN; tools/engine/build.sh links every part's binaries there), else
-    PATH, else the newest complete build in the engine cache (K3INFRA_ENGINE_CACHE)."""
+    """compose-config: K3INFRA_COMPOSE_CONFIG, else the testbed bin dir `make e2e` sets
+    (K3INFRA_TESTBED_BIN; tools/testbed/build.sh links every part's binaries there), else
+    PATH, else the newest complete build in the testbed cache (K3INFRA_TESTBED_CACHE)."""
     explicit = os.environ.get("K3INFRA_COMPOSE_CONFIG")
     if explicit:
         return explicit
-    bin_dir = os.environ.get("K3INFRA_ENGINE_BIN")
+    bin_dir = os.environ.get("K3INFRA_TESTBED_BIN")
     if bin_dir and (Path(bin_dir) / "compose-config").is_file():
         return str(Path(bin_dir) / "compose-config")
     found = shutil.which("compose-config")
     if found:
         return found
-    root = Path(os.environ.get("K3INFRA_ENGINE_CACHE", Path.home() / ".cache/k3infra/engine"))
+    root = Path(os.environ.get("K3INFRA_TESTBED_CACHE", Path.home() / ".cache/k3infra/testbed"))
     builds = [p for p in root.glob("compose-*/compose-config") if (p.parent / ".complete").is_file()]
     return str(max(builds, key=lambda p: p.stat().st_mtime)) if builds else None
 
 
 def test_compose_file_passes_compose_go(tmp_path):
     """compose-go's loader (schema, interpolation, depends_on references), the code
-    `docker compose config` runs; built by tools/engine/compose/build.sh."""
+    `docker compose config` runs; built by tools/testbed/compose/build.sh."""
     binary = _compose_config_binary()
     if binary is None:
-        pytest.skip("compose-config not built: `make engine` (or tools/engine/compose/build.sh "
+        pytest.skip("compose-config not built: `make testbed` (or tools/testbed/compose/build.sh "
                     "DIR, then K3INFRA_COMPOSE_CONFIG=DIR/compose-config; Go module proxy)")
     compose = _render_cli(tmp_path, "k3:hfToken=hf_test")
     (tmp_path / "k3-api-key.env").write_text("VLLM_API_KEY=k3-test-key\n")

@@ -3,8 +3,8 @@ check of rendered objects against their structural schemas: the validation the A
 server runs on a custom resource, and its pruning (a field the schema does not know is
 dropped silently on the server; here it is an error).
 
-LeaderWorkerSet: the release's own CRD file (tools/engine/workload-crds/pins.json), from
-the engine bin dir when `make e2e` built the part (K3INFRA_ENGINE_BIN), else `go mod
+LeaderWorkerSet: the release's own CRD file (tools/testbed/workload-crds/pins.json), from
+the testbed bin dir when `make e2e` built the part (K3INFRA_TESTBED_BIN), else `go mod
 download`, which verifies the module against the pinned hash (a warm module cache needs
 no network).
 
@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PINS = ROOT / "tools" / "engine" / "workload-crds" / "pins.json"
+PINS = ROOT / "tools" / "testbed" / "workload-crds" / "pins.json"
 
 
 def pins() -> list[dict]:
@@ -91,7 +91,7 @@ def write_compute_domain_crd(directory: Path) -> Path:
 def crd_paths() -> dict[str, Path]:
     """kind -> the pinned CRD file (the LeaderWorkerSet's)."""
     out: dict[str, Path] = {}
-    built = Path(os.environ.get("K3INFRA_ENGINE_BIN", "/nonexistent")) / "workload-crds"
+    built = Path(os.environ.get("K3INFRA_TESTBED_BIN", "/nonexistent")) / "workload-crds"
     for crd in pins():
         name = Path(crd["file"]).name
         if (built / name).is_file():
@@ -99,7 +99,7 @@ def crd_paths() -> dict[str, Path]:
             continue
         if shutil.which("go") is None:
             pytest.skip("the pinned CRDs need `go mod download` (no go) or "
-                        "tools/engine/workload-crds/build.sh in K3INFRA_ENGINE_BIN")
+                        "tools/testbed/workload-crds/build.sh in K3INFRA_TESTBED_BIN")
         ref = f"{crd['module']}@{crd['version']}"
         with tempfile.TemporaryDirectory() as work:
             proc = subprocess.run(["go", "mod", "download", "-json", ref], cwd=work,

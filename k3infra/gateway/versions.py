@@ -1,5 +1,5 @@
 """The releases the gateway's objects are written against. The same versions pin the CRD
-schemas the e2e tests install (tools/engine/gatewaycrds/go.mod); tests/test_gateway.py
+schemas the e2e tests install (tools/testbed/gatewaycrds/go.mod); tests/test_gateway.py
 holds the two to each other."""
 from __future__ import annotations
 

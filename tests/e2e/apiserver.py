@@ -1,7 +1,7 @@
 """A real Kubernetes control plane on 127.0.0.1 for the e2e tests.
 
 etcd, kube-apiserver and kube-controller-manager, built by
-``tools/engine/cluster/build.sh`` into ``$K3INFRA_ENGINE_BIN``. On its own no scheduler
+``tools/testbed/cluster/build.sh`` into ``$K3INFRA_TESTBED_BIN``. On its own no scheduler
 and no kubelet: Pods stay Pending, which is all the control-plane tests need (admission,
 defaulting, validation, field ownership, controllers that create Pods and collect
 garbage). The node tier (``tests/e2e/node.py``) adds a node to the same control plane.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-ENGINE_BIN_ENV = "K3INFRA_ENGINE_BIN"
+TESTBED_BIN_ENV = "K3INFRA_TESTBED_BIN"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 HOST = "127.0.0.1"
 # The address the `kubernetes` Service's endpoints publish (what `k3infra pins` reads as
@@ -327,12 +327,12 @@ def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, bytes]:
 def missing_binaries(bin_dir: str | None) -> str | None:
     """Why the control plane cannot start here, or None if it can."""
     if not bin_dir:
-        return (f"{ENGINE_BIN_ENV} is not set: build the control plane with "
-                "tools/engine/cluster/build.sh DIR and set it to DIR")
+        return (f"{TESTBED_BIN_ENV} is not set: build the control plane with "
+                "tools/testbed/cluster/build.sh DIR and set it to DIR")
     missing = [b for b in BINARIES if not os.access(Path(bin_dir) / b, os.X_OK)]
     if missing:
-        return (f"{ENGINE_BIN_ENV}={bin_dir} has no executable {', '.join(missing)}: "
-                "build them with tools/engine/cluster/build.sh")
+        return (f"{TESTBED_BIN_ENV}={bin_dir} has no executable {', '.join(missing)}: "
+                "build them with tools/testbed/cluster/build.sh")
     return None
 
 
@@ -454,7 +454,7 @@ def report(config: pytest.Config, line: str) -> None:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Cluster]:
     """The running control plane; skips when its binaries are not built."""
-    bin_dir = os.environ.get(ENGINE_BIN_ENV)
+    bin_dir = os.environ.get(TESTBED_BIN_ENV)
     reason = missing_binaries(bin_dir)
     if reason:
         pytest.skip(reason)

@@ -1,4 +1,4 @@
-"""The real Pulumi engine for the e2e tests: the binaries `make engine` built, run offline.
+"""The real Pulumi engine for the e2e tests: the binaries `make testbed` built, run offline.
 
 Every run uses a `file://` backend and a PULUMI_HOME in temporary folders, a passphrase
 secrets provider, no update check and no plugin download (a missing plugin is an error),
@@ -130,7 +130,7 @@ def copy_project(dest: Path) -> Path:
 
 
 def install_provider(pulumi: Pulumi) -> None:
-    """The Kubernetes provider `make engine` built, installed without a download."""
+    """The Kubernetes provider `make testbed` built, installed without a download."""
     plugin = pulumi.bin_dir / "pulumi-resource-kubernetes"
     pulumi.run("plugin", "install", "resource", "kubernetes", f"v{KUBERNETES_PROVIDER}",
                "--file", str(plugin.resolve()))
@@ -185,10 +185,10 @@ def offline_render(pulumi: Pulumi, out: Path) -> list[dict]:
 # own `conftest` module, which the unit tests import by name) -----------------------------
 
 @pytest.fixture(scope="session")
-def engine_bin() -> Path:
-    value = os.environ.get("K3INFRA_ENGINE_BIN")
+def testbed_bin() -> Path:
+    value = os.environ.get("K3INFRA_TESTBED_BIN")
     if not value or not (Path(value) / "pulumi").exists():
-        pytest.skip("K3INFRA_ENGINE_BIN is not set to the engine bin dir: run `make e2e`")
+        pytest.skip("K3INFRA_TESTBED_BIN is not set to the testbed bin dir: run `make e2e`")
     bin_dir = Path(value)
     out = subprocess.run([str(bin_dir / "pulumi"), "version"], capture_output=True, text=True)
     print(f"\nengine: pulumi {out.stdout.strip()} from {bin_dir}")
@@ -196,9 +196,9 @@ def engine_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
-def pulumi_home(engine_bin, tmp_path_factory) -> Path:
+def pulumi_home(testbed_bin, tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("pulumi-home")
-    install_provider(Pulumi(engine_bin, home, home / "unused", home))
+    install_provider(Pulumi(testbed_bin, home, home / "unused", home))
     return home
 
 
@@ -208,7 +208,7 @@ def project(tmp_path) -> Path:
 
 
 @pytest.fixture
-def pulumi(engine_bin, pulumi_home, project, tmp_path) -> Pulumi:
+def pulumi(testbed_bin, pulumi_home, project, tmp_path) -> Pulumi:
     backend = tmp_path / "state"
     backend.mkdir()
-    return Pulumi(engine_bin, pulumi_home, backend, project)
+    return Pulumi(testbed_bin, pulumi_home, backend, project)

@@ -28,7 +28,7 @@ What differs from a user's node, and why:
   disk: every static volume's node affinity names both nodes, as a shared filesystem
   (the weights' ReadWriteMany volume) would be on a real cluster;
 - NetworkPolicies are enforced only on a node started with ``network_policy=True``:
-  kube-router's policy controller (``tools/engine/netpol``, iptables and ipset) runs
+  kube-router's policy controller (``tools/testbed/netpol``, iptables and ipset) runs
   beside the bridge CNI as a process of the node, not as a DaemonSet; the other nodes
   enforce none (the bridge CNI has no policy engine).
 - ``node_fixture(..., cgroup_root="/k3e2e-...")`` puts the module's kubelets under a cgroup
@@ -510,7 +510,7 @@ def missing(cluster_bin: Path, network_policy: bool = False) -> str | None:
                 *(("kube-router-netpol",) if network_policy else ()))
     lacking = [b for b in binaries if not os.access(cluster_bin / b, os.X_OK)]
     if lacking:
-        return f"{cluster_bin} lacks {', '.join(lacking)}: run tools/engine/build.sh"
+        return f"{cluster_bin} lacks {', '.join(lacking)}: run tools/testbed/build.sh"
     for tool in ("containerd", "runc", "ctr", "docker-registry", "skopeo",
                  *(("ipset",) if network_policy else ())):
         if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode:

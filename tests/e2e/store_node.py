@@ -1,7 +1,7 @@
 """What the node stack (tests/e2e/test_node_stack.py) needs to pull the tiny model from an
 S3 server through `pulumi up`, its weights' origin (`k3:weights.store`):
 
-- `serve(node, root)`: the S3 server (versitygw, tools/engine/s3server) listening on the
+- `serve(node, root)`: the S3 server (versitygw, tools/testbed/s3server) listening on the
   node's address inside the test's network namespace, as the loopback Hub is served there
   (`hub_loopback.serve(..., host=node.ip)`); the prefetch pod reaches it like any store;
 - `mirror(server, hub, lock_file)`: the product's `k3infra weights mirror` from the

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from engine import Pulumi, copy_template, object_key, offline_render, stack_ready
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 from test_apiserver_stack import (INSTANCE, PROXY_IMAGE, kube, labelled, live,  # noqa: F401
                                   pod_from_template, privileged, use_test_program)
 

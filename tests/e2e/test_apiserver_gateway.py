@@ -1,7 +1,7 @@
 """The inference gateway's objects against their pinned CRD schemas, on the real API
 server: Gateway and HTTPRoute (Gateway API, standard channel), InferencePool (the
 Inference Extension), SecurityPolicy (Envoy Gateway) and ScaledObject (KEDA), from
-tools/engine/gatewaycrds/build.sh. The server validates each rendered object (OpenAPI
+tools/testbed/gatewaycrds/build.sh. The server validates each rendered object (OpenAPI
 schema and CEL rules) on create; objects broken on purpose show it really does.
 
 The CRDs are cluster-wide: this module installs them once (skipping any already there)."""
@@ -47,7 +47,7 @@ def crds(cluster):
 
     paths = sorted((cluster.bin_dir / CRD_DIR).glob("*.yaml"))
     if not paths:
-        pytest.fail(f"no CRDs in {cluster.bin_dir / CRD_DIR}: run tools/engine/build.sh "
+        pytest.fail(f"no CRDs in {cluster.bin_dir / CRD_DIR}: run tools/testbed/build.sh "
                     "(its gatewaycrds part)")
     names = []
     with cluster.api_client() as api_client:

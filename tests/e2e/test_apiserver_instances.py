@@ -20,7 +20,7 @@ import time
 import pytest
 
 from engine import API_KEY, ROOT, Pulumi
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 from test_apiserver_stack import (EXISTS_IS_READY_PROGRAM, INSTANCE_LABEL, LABELLED_KINDS,
                                   kube)  # noqa: F401  (kube: a fixture)
 from test_engine import readme_program

@@ -1,5 +1,5 @@
 """The multi-node render (k3:topology = multi-node, issue 17) on a real kube-apiserver with
-the pinned LeaderWorkerSet CRD (tools/engine/workload-crds) and the ComputeDomain CRD
+the pinned LeaderWorkerSet CRD (tools/testbed/workload-crds) and the ComputeDomain CRD
 (k3infra's statement of NVIDIA's v25.8.1 API, tests/workload_crds.py) installed.
 
 Every object of the offline render is created on the server; the server must store the
@@ -195,7 +195,7 @@ def test_verify_reads_the_group_and_names_a_patched_worker_flag(cluster, applied
 # --- `pulumi up` of the multi-node stack: the real engine and provider ----------------------------
 
 from engine import copy_template, stack_ready  # noqa: E402
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: E402,F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: E402,F401  (fixtures)
 
 
 def test_pulumi_up_applies_the_group_and_destroys_it(pulumi, cluster, crds):

@@ -23,10 +23,10 @@ WAIT_S = 90.0  # controllers on a loaded 2-core machine; they usually act within
 
 
 def _pinned_kubernetes() -> str:
-    """The k8s.io/kubernetes version tools/engine/cluster/go.mod pins."""
-    text = (REPO / "tools/engine/cluster/go.mod").read_text()
+    """The k8s.io/kubernetes version tools/testbed/cluster/go.mod pins."""
+    text = (REPO / "tools/testbed/cluster/go.mod").read_text()
     found = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", text, re.MULTILINE)
-    assert found, "tools/engine/cluster/go.mod does not require k8s.io/kubernetes"
+    assert found, "tools/testbed/cluster/go.mod does not require k8s.io/kubernetes"
     return found.group(1)
 
 

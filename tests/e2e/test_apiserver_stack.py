@@ -21,7 +21,7 @@ import time
 import pytest
 
 from engine import Pulumi, copy_template, object_key, offline_render, stack_ready
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 
 # The session fixture `cluster`, registered once however many modules name it.
 pytest_plugins = ["apiserver"]

@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from engine import ROOT, Pulumi
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 from test_apiserver_stack import INSTANCE_LABEL, kube, on_server, use_test_program  # noqa: F401
 
 pytest_plugins = ["apiserver"]

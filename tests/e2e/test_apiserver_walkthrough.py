@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from engine import API_KEY, REVISION, ROOT
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 
 pytest_plugins = ["apiserver"]
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from engine import IMAGE, Pulumi
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 from test_apiserver_instances import consumer_project, destroy_leftovers
 from test_apiserver_stack import EXISTS_IS_READY_PROGRAM, kube  # noqa: F401  (kube: a fixture)
 from test_engine import readme_program

@@ -21,7 +21,7 @@ import pytest
 
 from engine import (API_KEY, IMAGE, PROXY_IMAGE, REVISION, ROOT, Pulumi, object_key,
                     read_manifests)
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 from test_engine import consumer_project, normalise, readme_program
 
 pytestmark = pytest.mark.e2e
@@ -39,9 +39,9 @@ NOT_BUILT = {
 }
 
 
-def needs_host(engine_bin: Path, language: str) -> None:
-    if not (engine_bin / HOSTS[language]).exists():
-        pytest.skip(NOT_BUILT.get(language, f"{HOSTS[language]} is not in the engine bin dir"))
+def needs_host(testbed_bin: Path, language: str) -> None:
+    if not (testbed_bin / HOSTS[language]).exists():
+        pytest.skip(NOT_BUILT.get(language, f"{HOSTS[language]} is not in the testbed bin dir"))
 
 
 def plugin_virtualenv(project: Path) -> None:
@@ -74,8 +74,8 @@ def python_reference(pulumi: Pulumi, tmp_path: Path) -> dict:
 def host_on_path(pulumi: Pulumi) -> None:
     """The CLI finds a bundled language host (yaml, nodejs, go) beside its own binary or
     on PATH, never in PULUMI_HOME (`pulumi plugin install language yaml` is refused as
-    bundled). `make engine` links each part's binaries into one bin dir on PATH, so these
-    runs allow PATH lookups; every plugin there is one `make engine` built."""
+    bundled). `make testbed` links each part's binaries into one bin dir on PATH, so these
+    runs allow PATH lookups; every plugin there is one `make testbed` built."""
     pulumi.extra_env["PULUMI_IGNORE_AMBIENT_PLUGINS"] = "false"
 
 
@@ -164,8 +164,8 @@ def assert_bad_revision_refused(pulumi: Pulumi, program: Path) -> None:
 
 # --- the consumers ---------------------------------------------------------------------
 
-def test_yaml_consumer_writes_what_the_python_program_writes(engine_bin, pulumi, tmp_path):
-    needs_host(engine_bin, "yaml")
+def test_yaml_consumer_writes_what_the_python_program_writes(testbed_bin, pulumi, tmp_path):
+    needs_host(testbed_bin, "yaml")
     expected = python_reference(pulumi, tmp_path)
     d = consumer(pulumi, tmp_path, "yaml")
     up_and_compare(pulumi, d, expected)
@@ -173,8 +173,8 @@ def test_yaml_consumer_writes_what_the_python_program_writes(engine_bin, pulumi,
     pulumi.run("destroy", "--yes")
 
 
-def test_typescript_consumer_writes_what_the_python_program_writes(engine_bin, pulumi, tmp_path):
-    needs_host(engine_bin, "typescript")
+def test_typescript_consumer_writes_what_the_python_program_writes(testbed_bin, pulumi, tmp_path):
+    needs_host(testbed_bin, "typescript")
     expected = python_reference(pulumi, tmp_path)
     d = consumer(pulumi, tmp_path, "typescript")
     up_and_compare(pulumi, d, expected)
@@ -182,8 +182,8 @@ def test_typescript_consumer_writes_what_the_python_program_writes(engine_bin, p
     pulumi.run("destroy", "--yes")
 
 
-def test_go_consumer_writes_what_the_python_program_writes(engine_bin, pulumi, tmp_path):
-    needs_host(engine_bin, "go")
+def test_go_consumer_writes_what_the_python_program_writes(testbed_bin, pulumi, tmp_path):
+    needs_host(testbed_bin, "go")
     expected = python_reference(pulumi, tmp_path)
     d = consumer(pulumi, tmp_path, "go")
     up_and_compare(pulumi, d, expected)
@@ -216,7 +216,7 @@ def compile_step(args: list[str], cwd: Path, env: dict | None = None
     return proc
 
 
-def test_typescript_consumer_compiles_against_the_generated_sdk(engine_bin, pulumi, tmp_path):
+def test_typescript_consumer_compiles_against_the_generated_sdk(testbed_bin, pulumi, tmp_path):
     """The TypeScript program type-checks against the SDK Pulumi's Node.js generator
     writes (`@pulumi/pulumi` from npm, pinned by package-lock.json), and an Output where a
     key decides which resources exist does not."""
@@ -242,7 +242,7 @@ def test_typescript_consumer_compiles_against_the_generated_sdk(engine_bin, pulu
     assert "Type 'OutputInstance<number>' is not assignable to type 'number'" in proc.stdout
 
 
-def test_go_consumer_compiles_against_the_generated_sdk(engine_bin, pulumi, tmp_path):
+def test_go_consumer_compiles_against_the_generated_sdk(testbed_bin, pulumi, tmp_path):
     """The Go program builds against the SDK Pulumi's Go generator writes (go.mod points
     at sdks/k3infra as `pulumi package add` does)."""
     d = tmp_path / "consumer-go"

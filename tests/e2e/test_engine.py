@@ -14,7 +14,7 @@ import pytest
 
 from engine import (API_KEY, HF_TOKEN, IMAGE, PROXY_IMAGE, REVISION, ROOT, Pulumi, copy_template,
                     object_key, offline_render, read_manifests, render_mode, stack_ready)
-from engine import engine_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
+from engine import testbed_bin, project, pulumi, pulumi_home  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.e2e
 

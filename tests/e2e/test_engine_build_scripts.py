@@ -1,7 +1,7 @@
 """The in-cluster engine build's pod scripts, as rendered, run for real: the Job's
 `build.sh` (both passes) drives real BuildKit (buildkitd and buildctl v0.23.2, the
 release of the default k3:engine.buildkitImage, built from their Go module by
-tools/engine/buildkit) over a small recipe, pushes to a loopback registry, and the Job's
+tools/testbed/buildkit) over a small recipe, pushes to a loopback registry, and the Job's
 `report.py` writes the result into the rendered result ConfigMap on the real API server
 with the rendered ServiceAccount's own token (its Role: get/patch on that one name).
 Pulumi's reading of it (`parse_build_result`, `check_result_object`) then gives the
@@ -29,7 +29,7 @@ import pytest
 
 from apiserver import _Processes, _tail
 from build_job import broken_recipe, build_objects, pushed_repo_tag, recipe
-from engine import engine_bin  # noqa: F401  (fixture)
+from engine import testbed_bin  # noqa: F401  (fixture)
 from node import NODE_IP_ENV, image_layout, wait_for
 from registry import missing_tools, run_registry
 
@@ -48,15 +48,15 @@ def _missing(bin_dir: Path) -> str | None:
                 "tests/e2e/netns.sh makes (`make e2e`)")
     for name in ("buildkitd", "buildctl"):
         if not os.access(bin_dir / name, os.X_OK):
-            return f"{bin_dir} lacks {name}: run tools/engine/build.sh"
+            return f"{bin_dir} lacks {name}: run tools/testbed/build.sh"
     if shutil.which("runc") is None:
         return "runc is not installed (.ci/run installs Debian's runc)"
     return missing_tools()
 
 
 @pytest.fixture(scope="module")
-def registry(engine_bin, tmp_path_factory):  # noqa: F811
-    reason = _missing(Path(engine_bin))
+def registry(testbed_bin, tmp_path_factory):  # noqa: F811
+    reason = _missing(Path(testbed_bin))
     if reason:
         pytest.skip(reason)
     with run_registry(tmp_path_factory.mktemp("registry")) as reg:
@@ -65,7 +65,7 @@ def registry(engine_bin, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def buildctl(engine_bin, registry, tmp_path_factory):  # noqa: F811
+def buildctl(testbed_bin, registry, tmp_path_factory):  # noqa: F811
     """buildkitd (root, OCI worker on Debian's runc), its state the test's; a `buildctl`
     wrapper for build.sh's BUILDCTL."""
     reg, _base = registry
@@ -78,16 +78,17 @@ def buildctl(engine_bin, registry, tmp_path_factory):  # noqa: F811
                       '[worker.containerd]\n  enabled = false\n'
                       f'[registry."{reg.address}"]\n  http = true\n')
     wrapper = work / "buildctl"
-    wrapper.write_text(f'#!/bin/sh\nexec {Path(engine_bin) / "buildctl"} --addr unix://{sock} "$@"\n')
+    buildctl_bin = Path(testbed_bin) / "buildctl"
+    wrapper.write_text(f'#!/bin/sh\nexec {buildctl_bin} --addr unix://{sock} "$@"\n')
     wrapper.chmod(0o755)
     # Stopped whatever happens, and with the test run if it dies (the servers' helper).
     procs = _Processes(work)
     try:
-        procs.start("buildkitd", [str(Path(engine_bin) / "buildkitd"), "--config", str(config)])
+        procs.start("buildkitd", [str(Path(testbed_bin) / "buildkitd"), "--config", str(config)])
         wait_for("buildkitd", lambda: procs.check_alive() or subprocess.run(
             [str(wrapper), "debug", "workers"], capture_output=True).returncode == 0,
             timeout=60, interval=0.5)
-        version = subprocess.run([str(Path(engine_bin) / "buildkitd"), "--version"],
+        version = subprocess.run([str(Path(testbed_bin) / "buildkitd"), "--version"],
                                  capture_output=True, text=True).stdout.strip()
         print(f"\n{version}; state in {work}")
         yield wrapper

@@ -1,5 +1,5 @@
 """The host stack's rendered `compose.yaml`, up for real: Docker Compose v2 (built from its
-Go module, tools/engine/composecli) on Debian's Docker daemon, inside the test's network
+Go module, tools/testbed/composecli) on Debian's Docker daemon, inside the test's network
 namespace. The prefetch container downloads the generated tiny MoE from the loopback Hub,
 verifies and marks it; the vLLM container runs the gate, then the real vLLM engine on CPU
 (the `engine-cpu` image), and turns healthy through the file's own healthcheck; the proxy
@@ -39,7 +39,7 @@ import yaml
 
 import hub_loopback
 import tiny_moe
-from engine import engine_bin  # noqa: F401  (fixture)
+from engine import testbed_bin  # noqa: F401  (fixture)
 from node import NODE_IP_ENV, image_layout, wait_for
 from registry import missing_tools, remove_stores, run_registry
 
@@ -100,13 +100,13 @@ def _missing(bin_dir: Path) -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (.ci/run installs Debian's docker.io)"
     if not os.access(bin_dir / "docker-compose", os.X_OK):
-        return f"{bin_dir} lacks docker-compose: run tools/engine/build.sh"
+        return f"{bin_dir} lacks docker-compose: run tools/testbed/build.sh"
     return missing_tools()
 
 
 @pytest.fixture(scope="module")
-def docker(engine_bin, tmp_path_factory):  # noqa: F811
-    reason = _missing(Path(engine_bin))
+def docker(testbed_bin, tmp_path_factory):  # noqa: F811
+    reason = _missing(Path(testbed_bin))
     if reason:
         pytest.skip(reason)
     work = tmp_path_factory.mktemp("docker")
@@ -119,7 +119,7 @@ def docker(engine_bin, tmp_path_factory):  # noqa: F811
          "--pidfile", str(work / "docker.pid"), "-H", f"unix://{sock}",
          "--storage-driver", "overlay2", "--log-level", "warn"],
         stdout=log, stderr=subprocess.STDOUT)
-    d = Docker(sock, Path(engine_bin) / "docker-compose", work)
+    d = Docker(sock, Path(testbed_bin) / "docker-compose", work)
     try:
         wait_for("dockerd", lambda: sock.exists() and d.docker("info", check=False).returncode == 0,
                  timeout=120)

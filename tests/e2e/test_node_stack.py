@@ -68,7 +68,7 @@ import store_node
 import tiny_moe
 from build_job import broken_recipe
 from engine import Pulumi, copy_project, install_provider
-from engine import engine_bin  # noqa: F401  (fixture)
+from engine import testbed_bin  # noqa: F401  (fixture)
 from node import GPU_RESOURCE, NODES_ENV, STORAGE_CLASS, node_fixture, wait_for
 
 pytest_plugins = ["apiserver"]
@@ -430,13 +430,13 @@ def ENGINE_BUILD(node, commit: str) -> tuple:  # noqa: N802 - a table, like NODE
 
 
 @pytest.fixture(scope="module")
-def stack(engine_bin, node, hub, store, receipt, tmp_path_factory):  # noqa: F811
+def stack(testbed_bin, node, hub, store, receipt, tmp_path_factory):  # noqa: F811
     base = tmp_path_factory.mktemp("node-stack")
     home = base / "pulumi-home"
     home.mkdir()
     (base / "state").mkdir()
     project = copy_project(base / "k3")
-    pulumi = Pulumi(engine_bin, home, base / "state", project)
+    pulumi = Pulumi(testbed_bin, home, base / "state", project)
     install_provider(pulumi)
     s = Stack(pulumi, node, receipt)
     pulumi.extra_env.update({"KUBECONFIG": str(node.cluster.kubeconfig)})

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `make e2e`'s tests, in three lanes side by side (K3INFRA_ENGINE_BIN set by the caller):
+# `make e2e`'s tests, in three lanes side by side (K3INFRA_TESTBED_BIN set by the caller):
 #   tests/e2e/tiers.sh PYTHON
-# Each lane first builds or reuses the engine parts it runs (tools/engine/build.sh, which
+# Each lane first builds or reuses the testbed parts it runs (tools/testbed/build.sh, which
 # builds the node lane's first): on a new machine the node lane starts while the parts
 # only the others need are still being built (by CI's background build, or here).
 # - control-plane: the tests marked e2e and not node, one session, on the machine's
@@ -34,19 +34,19 @@ for m in $(grep -l 'pytest.mark.node' tests/e2e/test_*.py | LC_ALL=C sort); do
   if grep -q node_fixture "$m" && ! grep -q 'cgroup_root=' "$m"; then node+=("$m"); else host+=("$m"); fi
 done
 
-engine() {  # PARTS ("" for every part): export K3INFRA_ENGINE_BIN, their bin dir
+testbed() {  # PARTS ("" for every part): export K3INFRA_TESTBED_BIN, their bin dir
   local out
-  out="$(K3INFRA_ENGINE_PARTS="$1" tools/engine/build.sh)" || return 1
-  export K3INFRA_ENGINE_BIN="${out##*$'\n'}"
-  echo "== engine parts ${1:-(all)} ready at $(( $(date +%s) - start )) s: $K3INFRA_ENGINE_BIN"
+  out="$(K3INFRA_TESTBED_PARTS="$1" tools/testbed/build.sh)" || return 1
+  export K3INFRA_TESTBED_BIN="${out##*$'\n'}"
+  echo "== testbed parts ${1:-(all)} ready at $(( $(date +%s) - start )) s: $K3INFRA_TESTBED_BIN"
 }
 control_plane() {
-  engine "" || return 1
+  testbed "" || return 1
   "$py" -m pytest -m "e2e and not node" "${args[@]}" --basetemp="$tmp/control-plane" tests/e2e
 }
 modules() {  # LANE PARTS MODULE...: each module in its own session and network namespace
   local lane="$1" rc=0 m; shift
-  engine "$1" || return 1; shift
+  testbed "$1" || return 1; shift
   for m in "$@"; do
     echo "== $lane: $m at $(( $(date +%s) - start )) s"
     tests/e2e/netns.sh "$py" -m pytest -m "e2e and node" "${args[@]}" \

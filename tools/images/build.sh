@@ -12,7 +12,7 @@
 #   base        debootstrap --variant=minbase bookworm (base/bootstrap.sh); the root file
 #               system stays cached (ROOT/bootstrap-KEY/), so a change here re-packs only
 #   pause       Kubernetes' own build/pause/linux/pause.c from the k8s.io/kubernetes module
-#               tools/engine/cluster pins, gcc -static, alone in the image (/pause)
+#               tools/testbed/cluster pins, gcc -static, alone in the image (/pause)
 #   proxy       base + Debian's nginx-light (the authenticating proxy, the weights source)
 #   engine-cpu  base + python3 + /opt/vllm, a venv of engine-cpu/requirements.lock (the
 #               community CPU build of vLLM, a test dependency only: docs/e2e.md)
@@ -20,7 +20,7 @@
 #               (lm-eval, requirements-accuracy.txt), and generated stand-ins of the
 #               shipped tasks' two datasets in its HF cache (accuracy/stand_in_datasets.py)
 #   buildkit    base + Debian's runc and uidmap + buildkitd, buildctl and rootlesskit
-#               from tools/engine/buildkit (its part key joins this image's key): the
+#               from tools/testbed/buildkit (its part key joins this image's key): the
 #               rootless BuildKit image the engine build Job runs (buildkit/setup.sh)
 # Images on base add one layer to base's (gzip). Needs root (debootstrap, chroot, mount
 # namespaces), debootstrap, umoci, gcc, go, python3, and Debian's mirror in the machine's
@@ -126,11 +126,28 @@ image_config() {  # LAYOUT DIR: apply DIR/image.conf (one umoci config flag a li
   umoci gc --layout "$1"
 }
 
+# carry NAME KEY: a layout built before tools/engine became tools/testbed (issue 47) under
+# the key this script's text had then, taken over when carried-keys lists it for this key
+# (the rename changed names in this script, not what it builds): a hard-linked copy, so
+# the old key's layout stays for checkouts from before the rename. Drop once no cache
+# holds the old keys.
+carry() {
+  local old
+  [[ ! -f "$root/$1-$2/.complete" ]] || return 0
+  old="$(awk -v n="$1" -v k="$2" '$1 == n && $3 == k { print $2 }' "$here/carried-keys")"
+  [[ -n "$old" && -f "$root/$1-$old/.complete" ]] || return 0
+  rm -rf "$root/$1-$2.carry.$$"
+  cp -al "$root/$1-$old" "$root/$1-$2.carry.$$"
+  mv -T "$root/$1-$2.carry.$$" "$root/$1-$2" 2>/dev/null || rm -rf "$root/$1-$2.carry.$$"
+  log "$1 carried from its key before the rename ($1-$old)"
+}
+
 # build NAME KEY BUILDER: ROOT/NAME-KEY, built by BUILDER OUT unless already complete;
 # sets $built to the layout.
 build() {
   local n="$1" k="$2" builder="$3" out start
   out="$root/$n-$k"
+  carry "$n" "$k"
   if [[ ! -f "$out/.complete" ]] && (( ! cached )); then lock "$out"; fi
   if [[ -f "$out/.complete" ]]; then
     log "$n reused ($out)"
@@ -255,7 +272,7 @@ build_with_wheels() {  # OUT NAME: an image on base whose setup.sh installs NAME
 build_engine_cpu() { build_with_wheels "$1" engine-cpu; }
 build_accuracy() { build_with_wheels "$1" accuracy; }
 
-# The engine part's binaries (built or reused by tools/engine/build.sh), bound read-only.
+# The testbed part's binaries (built or reused by tools/testbed/build.sh), bound read-only.
 build_buildkit() {
   BINDS+=("$buildkit_part:/mnt/buildkit")
   build_on_base "$1" "$here/buildkit"
@@ -266,7 +283,7 @@ build_buildkit() {
 # Kubernetes' pause.c, from the module the control plane is built from.
 pause_source() {
   local dir
-  dir="$(cd "$here/../engine/cluster" && go mod download -json k8s.io/kubernetes \
+  dir="$(cd "$here/../testbed/cluster" && go mod download -json k8s.io/kubernetes \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
   echo "$dir/build/pause/linux/pause.c"
 }
@@ -289,7 +306,7 @@ case "$name" in
     command -v gcc >/dev/null || die "pause: 'gcc' is not installed"
     pause_c="$(pause_source)"
     [[ -f "$pause_c" ]] || die "pause: no $pause_c in the k8s.io/kubernetes module"
-    pause_version="$(cd "$here/../engine/cluster" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+    pause_version="$(cd "$here/../testbed/cluster" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
     build pause "$(key "pause.c $(sha256sum < "$pause_c") $pause_version $(gcc -dumpfullversion)" \
       build.sh pause)" build_pause ;;
   proxy | engine-cpu | buildkit | accuracy)
@@ -297,10 +314,10 @@ case "$name" in
     extra=""
     if [[ "$name" == buildkit ]]; then
       # The part's directory (its name carries the hash of its sources), from a link in
-      # the bin directory the engine build prints last.
-      engine_bin="$(K3INFRA_ENGINE_PARTS=buildkit "$here/../engine/build.sh")"
-      engine_bin="${engine_bin##*$'\n'}"
-      buildkit_part="$(dirname "$(readlink -f "$engine_bin/buildkitd")")"
+      # the bin directory the testbed build prints last.
+      testbed_bin="$(K3INFRA_TESTBED_PARTS=buildkit "$here/../testbed/build.sh")"
+      testbed_bin="${testbed_bin##*$'\n'}"
+      buildkit_part="$(dirname "$(readlink -f "$testbed_bin/buildkitd")")"
       extra=" part $(basename "$buildkit_part")"
     fi
     if (( ! cached )); then build base "$base_key" build_base; fi

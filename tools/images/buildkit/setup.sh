@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs inside the image's root (tools/images/build.sh): this folder at /mnt/recipe,
-# the tools/engine/buildkit part (buildkitd, buildctl, rootlesskit) at /mnt/buildkit.
+# the tools/testbed/buildkit part (buildkitd, buildctl, rootlesskit) at /mnt/buildkit.
 # The layout of moby/buildkit:<version>-rootless, which the build Job is rendered for:
 # user `user` 1000:1000, subordinate ids 100000-165535, BuildKit's state under
 # /home/user/.local/share/buildkit, the runtime dir /run/user/1000.
