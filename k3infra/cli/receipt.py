@@ -12,11 +12,13 @@ import json
 from rich.table import Table
 
 from k3infra.cli import add_receipt_args, receipt_of
+from k3infra.config import read_stack_file, stack_file, stack_names
 from k3infra.display import console as literal_console, styled
 from k3infra.fileformats import read_text
 from k3infra.receipt import (DEFAULT_RECEIPT, NOTHING_MEASURED, Receipt, receipt_named,
                              shipped_receipts)
 from k3infra.receipt.diff import diff_receipts
+from k3infra.render import project_root
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -45,10 +47,6 @@ def _figures(r: Receipt) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    # Here: the render module loads the Pulumi SDK, which `receipt show` does not need.
-    from k3infra.config import read_stack_file, stack_file, stack_names
-    from k3infra.render import project_root
-
     rows = []
     for rid in shipped_receipts():
         r = receipt_named(rid).receipt
