@@ -18,7 +18,6 @@ from k3infra.fileformats import read_text
 from k3infra.receipt import (DEFAULT_RECEIPT, NOTHING_MEASURED, Receipt, receipt_named,
                              shipped_receipts)
 from k3infra.receipt.diff import diff_receipts
-from k3infra.render import project_root
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +46,10 @@ def _figures(r: Receipt) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
+    # Here, not at the top: k3infra.render brings asyncio, ssl and subprocess (+0.05 s,
+    # python -X importtime), which `receipt show` and `diff` do not need.
+    from k3infra.render import project_root
+
     rows = []
     for rid in shipped_receipts():
         r = receipt_named(rid).receipt

@@ -114,18 +114,18 @@ def _lock(args: argparse.Namespace) -> int:
         if args.hub:
             if not args.revision:
                 raise UsageError("--hub needs --revision <40-hex commit> (a branch name moves)")
-            from k3infra.weights import prefetch      # the HTTP client: see the top
-            from k3infra.weights.sources import lock_client, lock_from_sources, parse_sources
+            # The HTTP client: see the top.
+            from k3infra.weights import prefetch, sources as sources_mod
 
             tree.check_repo(args.hub)
             tree.check_revision(args.revision)
             try:
-                sources = parse_sources(args.sources)
+                sources = sources_mod.parse_sources(args.sources)
             except ValueError as exc:
                 raise UsageError(f"--sources: {exc}") from None
-            client = lock_client(args)
+            client = sources_mod.lock_client(args)
             try:
-                lock = lock_from_sources(
+                lock = sources_mod.lock_from_sources(
                     sources, args.hub, args.revision, emit=out.line, client=client,
                     hub_lock=lambda: prefetch.lock_from_hub(args.hub, args.revision, emit=out.line,
                                                             client=client))
@@ -189,12 +189,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _prefetch(args: argparse.Namespace) -> int:
-    from k3infra.weights import prefetch      # the HTTP client: see the top
-    from k3infra.weights.sources import parse_sources
+    from k3infra.weights import prefetch, sources as sources_mod      # HTTP: see the top
 
     out = _Out()
     try:
-        sources = parse_sources(args.sources)
+        sources = sources_mod.parse_sources(args.sources)
     except ValueError as exc:
         raise UsageError(f"--sources: {exc}") from None
     lock, lock_sha = _load(args.lock)
