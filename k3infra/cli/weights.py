@@ -14,7 +14,6 @@ import os
 import sys
 
 from k3infra.cli import UsageError, flags
-from k3infra.display import console
 # Modules, not their names, where tests replace a function (verify.lock_from_dir).
 from k3infra.weights import tree, verify
 from k3infra.weights.__main__ import add_commands
@@ -79,6 +78,11 @@ class _Out:
     def __init__(self) -> None:
         self.console = None
         if sys.stdout.isatty():
+            # Here, not at the top: k3infra.display brings typing (and rich once called),
+            # which the verify path in every pod's gate must not load (issue 18: ~25 ms of
+            # start-up; tests/test_weights_runtime.py holds it to that).
+            from k3infra.display import console
+
             self.console = console()
 
     def line(self, text: str, style: str = "") -> None:
