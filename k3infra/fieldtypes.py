@@ -15,10 +15,10 @@ Low module: imports nothing from k3infra but podcommon (standard library only).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
-import ipaddress
 
 from pydantic import AfterValidator, BeforeValidator, Field
 

@@ -6,8 +6,8 @@ for the internet, the cluster's),
 the inference gateway's proxy pods, and the namespace's default deny."""
 from __future__ import annotations
 
-from typing import Any
 import ipaddress
+from typing import Any
 
 from k3infra.config import GatewayConfig, StackConfig
 # Link-local (the metadata services, NodeLocal DNS): defined beside the CIDR type that

@@ -6,11 +6,11 @@ compare  exit 0 every task inside the baseline's band, 1 outside it or no baseli
 from __future__ import annotations
 
 import argparse
-from importlib import resources
-from pathlib import Path
 import os
 import shlex
 import tempfile
+from importlib import resources
+from pathlib import Path
 
 import yaml
 

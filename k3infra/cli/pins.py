@@ -5,8 +5,8 @@ server's CIDRs), show them, and with --write record them in stacks/Pulumi.<stack
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import tempfile
+from pathlib import Path
 
 from rich.table import Table
 

@@ -2,8 +2,8 @@
 `StackConfig`)."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
 from importlib import resources
+from typing import Annotated, Any, Literal, Optional, Union
 from urllib.parse import urlsplit
 
 from pydantic import Field, create_model, field_validator, model_validator

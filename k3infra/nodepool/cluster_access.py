@@ -17,9 +17,9 @@ against a live cluster here (docs/clouds.md).
 """
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
-import base64
 
 import pulumi
 import pulumi_kubernetes as k8s

@@ -7,10 +7,10 @@ the kubernetes client); stackwrite writes the stack file, comments and order kep
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
 import copy
 import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, version as dist_version
 from pathlib import Path
 from typing import Any, Optional
-import sys
-import tomllib
 
 import pulumi
 from pulumi.provider import main as serve
