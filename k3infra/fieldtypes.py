@@ -15,6 +15,7 @@ Low module: imports nothing from k3infra but podcommon (standard library only).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -185,8 +186,6 @@ LINK_LOCAL_CIDRS = ("169.254.0.0/16", "fe80::/10")
 
 
 def _cidr(value: str) -> str:
-    import ipaddress
-
     try:
         ipaddress.ip_network(value, strict=True)
     except ValueError:
@@ -197,8 +196,6 @@ def _cidr(value: str) -> str:
 def _routable_cidr(value: str) -> str:
     """A CIDR inside a link-local range would open only the metadata service (or NodeLocal
     DNS, which k3:network.dnsCidrs takes): refused."""
-    import ipaddress
-
     net = ipaddress.ip_network(_cidr(value))
     for link_local in map(ipaddress.ip_network, LINK_LOCAL_CIDRS):
         if net.version == link_local.version and net.subnet_of(link_local):
@@ -213,8 +210,6 @@ def ip_address(value: str):
     """`value` parsed (ipaddress), an IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4
     address it carries and a zone (%eth0) dropped: what a socket binds, whatever the
     spelling. ValueError if it is no address."""
-    import ipaddress
-
     addr = ipaddress.ip_address(value.split("%", 1)[0] if "%" in value else value)
     mapped = getattr(addr, "ipv4_mapped", None)
     return mapped if mapped is not None else addr

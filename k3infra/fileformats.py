@@ -98,9 +98,12 @@ def load_json(path, kind: str, model: Optional[type[M]] = None, *, follow_links:
 def load_yaml(path, kind: str, *, follow_links: bool = True) -> Any:
     """A YAML file of `kind` through the stack file's strict loader (no aliases, no tags
     beyond JSON data, no duplicate keys, bounded nesting)."""
+    # yaml here, not at the top: 0.04 s to import (python -X importtime), which `k3infra
+    # startup` (it reads JSON and logs through this module) does not pay.
     import yaml
 
-    # Here, not at the top: k3infra.config imports the receipt, which reads through this.
+    # Here, not at the top: an import cycle (k3infra.config imports the receipt, which
+    # reads through this module).
     from k3infra.config.stackfile import StackFileError, strict_yaml
 
     text = decode_text(read_bytes(path, kind, follow_links=follow_links), path, kind)

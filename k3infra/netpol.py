@@ -6,6 +6,7 @@ for the internet, the cluster's),
 the inference gateway's proxy pods, and the namespace's default deny."""
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from k3infra.config import GatewayConfig, StackConfig
@@ -36,8 +37,6 @@ def ip_peers(cidrs: list[str], excluded: tuple[str, ...] = ()) -> list[dict]:
     ranges (the instance metadata service) and `excluded` cut out of each block that
     contains them (an `except` must lie inside its block). A CIDR inside a link-local
     range is refused when the config is parsed (fieldtypes.Cidr)."""
-    import ipaddress
-
     cut_out = [ipaddress.ip_network(c) for c in (*excluded, *LINK_LOCAL_CIDRS)]
     peers = []
     for cidr in cidrs:

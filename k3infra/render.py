@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from k3infra import origin
 from k3infra.receipt import ChosenReceipt
 from k3infra.config import (CONFIG_NAMESPACE, SECRET_KEYS, SECRET_PLACEHOLDER, apply_override,
                             chosen_receipt, parse_stack_config,
                             read_stack_file, stack_file, stack_names, to_pulumi_config)
+from k3infra.podcommon import atomic_write_text, output_directory
 
 # `__main__.py` reads this global of its own run; only the renderer sets it.
 RENDER_MODE_GLOBAL = "__k3infra_render_mode__"
@@ -118,11 +121,15 @@ def load_config(stack: str, overrides: list[str], root: Path) -> tuple[dict, lis
 def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
                 mocks: Optional[Any] = None) -> Render:
     """Run `root/__main__.py` under the mock monitor; raise what the program raises."""
+    # The Pulumi SDK here, not at the top: 0.18 s to import (python -X importtime), and
+    # this module is loaded by commands that never render (`receipt list`, `weights
+    # mirror --stack`, `engine plan`); the node pool's cluster access brings
+    # pulumi-kubernetes as well.
     import pulumi
-    from pulumi.runtime import config as runtime_config
-    from pulumi.runtime.mocks import MockMonitor
+    from pulumi.runtime import config as runtime_config, mocks as pulumi_mocks, rpc
     from pulumi.runtime.proto import resource_pb2  # noqa: F401  (loads the protos)
-    from pulumi.runtime import rpc
+
+    from k3infra.nodepool.cluster_access import RENDER_LOOKUPS
 
     result = Render(stack, raw, list(secret_keys))
     # The SDK's MockMonitor gives each executor thread it runs in an event loop of its own
@@ -136,7 +143,7 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
         except RuntimeError:    # this thread has none (the call did not need one)
             pass
 
-    class Recorder(MockMonitor):
+    class Recorder(pulumi_mocks.MockMonitor):
         def Invoke(self, request):  # noqa: N802 (gRPC name)
             try:
                 return super().Invoke(request)
@@ -177,7 +184,6 @@ def run_program(stack: str, raw: dict, secret_keys: list[str], root: Path,
         def call(self, args):
             if mocks is not None:
                 return mocks.call(args)
-            from k3infra.nodepool.cluster_access import RENDER_LOOKUPS
             return dict(RENDER_LOOKUPS.get(args.token, {}))
 
     class Warnings(logging.Handler):
@@ -251,8 +257,6 @@ def render_stack(stack: str, overrides: list[str] = (), root: Optional[Path] = N
 def _yaml_dumper():
     """safe_dump, with multi-line strings (nginx.conf, scripts) as literal blocks, so a
     rendered file reads like the file it holds."""
-    import yaml
-
     class Dumper(yaml.SafeDumper):
         pass
 
@@ -268,10 +272,6 @@ def write_render(render: Render, out: Path) -> list[Path]:
     """plan.json and manifests/*.yaml into `out` (podcommon.output_directory: a directory,
     never a link or a file), each file by the one output writer; OSError naming the path
     that is refused."""
-    import yaml
-
-    from k3infra.podcommon import atomic_write_text, output_directory
-
     manifests = render.manifests()
     manifests_dir = out / "manifests"
     output_directory(out)

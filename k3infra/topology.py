@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from k3infra.config.base import ConfigError
-from k3infra.hbm import MIN_HEADROOM_GIB
+from k3infra.hbm import MIN_HEADROOM_GIB, hbm_fit
 
 if TYPE_CHECKING:
     from k3infra.config.models import StackConfig
@@ -216,5 +216,4 @@ def fit_summary(cfg: "StackConfig", receipt: "Receipt") -> str:
     """The HBM line of the render for either topology."""
     if is_multi_node(cfg):
         return domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib).summary()
-    from k3infra.hbm import hbm_fit
     return hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib).summary()

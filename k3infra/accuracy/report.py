@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.table import Table
+
 from k3infra.accuracy.compare import CONFIDENCE, AccuracyComparison
-from k3infra.display import styled, write_figure
+from k3infra.display import pyplot, styled, write_figure
 from k3infra.receipt import Receipt
 
 
 def accuracy_table(cmp: AccuracyComparison, receipt: Receipt):
-    from rich.table import Table
-
     table = Table(title=f"accuracy smoke test vs receipt {receipt.id}'s baseline "
                         f"(Wilson {CONFIDENCE:.0%} band at the baseline's sample count)")
     for col, justify in (("task", "left"), ("baseline", "right"), ("n", "right"),
@@ -29,10 +29,7 @@ def accuracy_table(cmp: AccuracyComparison, receipt: Receipt):
 
 def plot_accuracy(cmp: AccuracyComparison, receipt: Receipt, out: Path) -> Path:
     """Per task: the baseline score, its tolerance band, and this run's score."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(cmp.rows) + 3), 4.5))
     for x, r in enumerate(cmp.rows):

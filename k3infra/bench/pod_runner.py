@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
+from importlib.metadata import version
 
 try:
     from k3infra import podcommon
@@ -261,8 +262,6 @@ def write_evidence(run_dir: Path, index: dict) -> dict[str, str]:
 
 def _engine_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("vllm")
     except Exception:  # the index still records everything else
         return "unknown"

@@ -34,6 +34,7 @@ from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv
 from k3infra.bench.results import BenchResult, percentile
 from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
 from k3infra.receipt import Receipt, parse_receipt, problems
+from k3infra.podcommon import atomic_write_text, output_target
 
 
 class ReceiptWriteError(ValueError):
@@ -293,7 +294,6 @@ def write_receipt(base: Receipt, results: Sequence[BenchResult], inputs: Receipt
     # What is written must read back to the same receipt (JSON form: NaN-safe).
     if parse_receipt(yaml.safe_load(text)).model_dump_json() != receipt.model_dump_json():
         raise ReceiptWriteError("the written receipt does not read back identically")
-    from k3infra.podcommon import atomic_write_text, output_target
 
     sums = out.with_name(out.name + ".sha256")
     output_target(sums)                 # both outputs refused before either is written

@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
+from rich.table import Table
+
 from k3infra.bench.compare import Comparison
 from k3infra.bench.results import BenchResult
-from k3infra.display import console as literal_console, styled, write_figure
+from k3infra.display import console as literal_console, pyplot, styled, write_figure
 from k3infra.receipt import Receipt
+from k3infra.bench.cost import FORMULA
 
 _STYLE = {"pass": "green", "FAIL": "bold red", "not comparable": "yellow",
           "new evidence": "cyan"}
@@ -19,8 +22,6 @@ def _short(source: str) -> str:
 
 
 def comparison_table(cmp: Comparison, receipt: Receipt):
-    from rich.table import Table
-
     table = Table(title=f"e2e latency vs receipt {receipt.id} "
                         f"(tolerance +-{cmp.tolerance_pct:g} %)")
     for col, justify in (("file", "left"), ("c", "right"), ("stat", "left"),
@@ -38,8 +39,6 @@ def comparison_table(cmp: Comparison, receipt: Receipt):
 
 
 def workload_table(cmp: Comparison, only_mismatches: bool = True):
-    from rich.table import Table
-
     table = Table(title="workload vs receipt: mismatches" if only_mismatches
                   else "workload vs receipt")
     for col in ("file", "check", "expected", "actual", ""):
@@ -81,10 +80,7 @@ def plot_latencies(results: Sequence[BenchResult], receipt: Receipt, tolerance_p
                    out: Path) -> Path:
     """Per-request e2e latencies of every file (one column per file) against the
     receipt's p50/p99 at that file's concurrency, with the tolerance band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(results) + 3), 4.5))
     labelled: set[str] = set()
@@ -123,10 +119,6 @@ def plot_latencies(results: Sequence[BenchResult], receipt: Receipt, tolerance_p
 
 def print_cost(rows, node_rate: float, nodes: int, console=None) -> None:
     """The cost table and the formula it used (k3infra.bench.cost)."""
-    from rich.table import Table
-
-    from k3infra.bench.cost import FORMULA
-
     console = console or literal_console()
     table = Table(title=f"cost at {node_rate:g} USD per node-hour x {nodes} node(s)")
     for col in ("c", "files", "duration s", "output tok/s", "total tok/s",
@@ -142,10 +134,7 @@ def print_cost(rows, node_rate: float, nodes: int, console=None) -> None:
 
 def plot_cost(rows, node_rate: float, nodes: int, out: Path) -> Path:
     """USD per million output and total tokens against concurrency (log-log)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     cs = [r.concurrency for r in rows]

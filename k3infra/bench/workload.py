@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+import importlib.util
 
 try:
     from k3infra.podcommon import atomic_write_text, int_list, read_regular
@@ -136,8 +137,6 @@ def corpus_digest(files: Sequence[SourceFile]) -> str:
 def package_dir(package: str) -> Path:
     """Where an installed package's sources live, without importing it (importing vllm
     would pull in torch just to find a directory)."""
-    import importlib.util
-
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise WorkloadError(f"package {package!r} is not installed in this image")
@@ -296,6 +295,8 @@ def load_token_counter(spec: str, trust_remote_code: bool = True) -> tuple[Count
     `tiktoken:<encoding>`. Counts the way `vllm bench serve` counts a custom-dataset
     prompt: len(tokenizer(prompt).input_ids), special tokens included."""
     if spec.startswith("tiktoken:"):
+        # Here, not at the top: the tokenizer is no dependency of k3infra (the engine image
+        # or a test's PyPI package brings it); this module runs in the pod on the stdlib.
         import tiktoken
 
         enc = tiktoken.get_encoding(spec.split(":", 1)[1])
@@ -321,7 +322,7 @@ def _hf_tokenizer(path: str, trust_remote_code: bool):
         except (ImportError, AttributeError):
             continue
         return get_tokenizer(path, trust_remote_code=trust_remote_code)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer     # the image's, as tiktoken above
 
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 

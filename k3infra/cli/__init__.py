@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from k3infra.cli.flags import output_dir
+
 COMMANDS = {
     "receipt": ("k3infra.cli.receipt", "show the measured serving receipt"),
     "render": ("k3infra.cli.render", "render a stack offline (Pulumi SDK mocks)"),
@@ -49,6 +51,10 @@ def add_receipt_args(parser: argparse.ArgumentParser, *, stack: bool = True) -> 
 
 def stack_receipt_of(stack: str):
     """The ChosenReceipt stacks/Pulumi.<stack>.yaml names, resolved in this project."""
+    # Here and in receipt_of and add_fetch_parser, not at the top: this module is loaded by
+    # every command, and the config and receipt models load pydantic (k3infra.config with
+    # it 0.24 s, k3infra.receipt 0.16 s, python -X importtime), which `weights verify`
+    # never pays.
     from k3infra.config import ConfigError, chosen_receipt
     from k3infra.render import load_config, project_root
 
@@ -62,7 +68,7 @@ def stack_receipt_of(stack: str):
 
 def receipt_of(args: argparse.Namespace):
     """The ChosenReceipt of add_receipt_args' flags."""
-    from k3infra.receipt import receipt_named, stack_receipt
+    from k3infra.receipt import receipt_named, stack_receipt     # pydantic: see stack_receipt_of
 
     if getattr(args, "receipt", None):
         return receipt_named(args.receipt)
@@ -73,9 +79,7 @@ def receipt_of(args: argparse.Namespace):
 
 def add_fetch_parser(sub, what: str, image_default: str, func):
     """`fetch`: copy a client Job's run directory off its volume (bench and accuracy)."""
-    from k3infra.naming import PROGRAM_INSTANCE
-
-    from k3infra.cli.flags import output_dir
+    from k3infra.naming import PROGRAM_INSTANCE     # loads k3infra.config: see stack_receipt_of
 
     fe = sub.add_parser("fetch", help=f"copy the {what}'s files from the cluster")
     fe.add_argument("--out", required=True, type=output_dir)

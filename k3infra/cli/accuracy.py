@@ -6,15 +6,31 @@ compare  exit 0 every task inside the baseline's band, 1 outside it or no baseli
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import tempfile
 from importlib import resources
 from pathlib import Path
 
+import yaml
+
 from k3infra.cli import UsageError, add_fetch_parser, add_receipt_args, flags, receipt_of
+from k3infra.accuracy import runner
+from k3infra.accuracy.compare import (CONFIDENCE, EXIT_OUTSIDE, RunError, baseline_section,
+                                      compare_run, load_run)
+from k3infra.accuracy.manifests import JOB_SELECTOR
+from k3infra.accuracy.report import accuracy_table, plot_accuracy
+from k3infra.bench.fetch import FetchError, fetch_results
+from k3infra.config import AccuracyConfig
+from k3infra.display import console as literal_console, styled
+from k3infra.fieldtypes import HTTP_URL, API_KEY
+from k3infra.fileformats import FileFormatError, read_text
+from k3infra.live.cluster import ClusterError, KubeCluster, connect
+from k3infra.podcommon import atomic_write_text
+from k3infra.receipt import load_receipt
 
 
 def _defaults():
-    from k3infra.config import AccuracyConfig
-
     return AccuracyConfig()
 
 
@@ -66,8 +82,6 @@ def _key(field: str, name: str = ""):
 def _endpoint(text: str) -> str:
     """http(s)://host[:port][/path], no credentials in it (the key goes in a file): the
     one URL rule first (flags.url), so a refusal never prints them."""
-    from k3infra.fieldtypes import HTTP_URL
-
     text = flags.url(text)
     if not HTTP_URL.matches(text):
         raise argparse.ArgumentTypeError(f"{text[:80]!r}: must be an http(s):// URL (the key "
@@ -80,14 +94,6 @@ def shipped_tasks_dir() -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import os
-    import shlex
-
-    from k3infra.accuracy import runner
-
-    from k3infra.fieldtypes import API_KEY
-    from k3infra.fileformats import FileFormatError, read_text
-
     env_key = None
     if args.api_key_file:
         try:      # the one bounded reader: a regular file, never a FIFO or a device
@@ -119,12 +125,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from k3infra.accuracy.compare import (CONFIDENCE, EXIT_OUTSIDE, RunError,
-                                          baseline_section, compare_run, load_run)
-    from k3infra.accuracy.report import accuracy_table, plot_accuracy
-    from k3infra.display import console as literal_console, styled
-    from k3infra.receipt import load_receipt
-
     console = literal_console()
     try:
         run = load_run(args.result)
@@ -166,14 +166,6 @@ def _compare(args: argparse.Namespace) -> int:
 def write_baseline(base: Path, section: dict, out: Path) -> Path:
     """The base receipt's text with an `accuracy:` section appended (comments kept),
     validated by loading it back before it is left in place."""
-    import tempfile
-
-    import yaml
-
-    from k3infra.fileformats import read_text
-    from k3infra.podcommon import atomic_write_text
-    from k3infra.receipt import load_receipt
-
     text = read_text(base, "receipt")     # the one bounded reader
     text = (text.rstrip("\n") + "\n# The first accepted accuracy smoke test "
             "(k3infra accuracy compare --accept): a smoke test, not a benchmark claim.\n"
@@ -193,12 +185,6 @@ def write_baseline(base: Path, section: dict, out: Path) -> Path:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from k3infra.display import console
-
-    from k3infra.accuracy.manifests import JOB_SELECTOR
-    from k3infra.bench.fetch import FetchError, fetch_results
-    from k3infra.live.cluster import ClusterError, KubeCluster, connect
-
     try:
         cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         run_dir = fetch_results(cluster, args.namespace, args.out, image=args.image,
@@ -206,6 +192,6 @@ def _fetch(args: argparse.Namespace) -> int:
                                 enabled_by="k3:accuracy.enabled")
     except (ClusterError, FetchError) as exc:
         raise UsageError(str(exc)) from None
-    console().print(f"fetched {run_dir} (each file checked against the run's SHA256SUMS); "
+    literal_console().print(f"fetched {run_dir} (each file checked against the run's SHA256SUMS); "
                     f"compare with: k3infra accuracy compare {run_dir}")
     return 0

@@ -8,7 +8,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3infra.cli import UsageError, add_fetch_parser, add_receipt_args, flags, receipt_of
+from k3infra.cli import (UsageError, add_fetch_parser, add_receipt_args, flags, receipt_of,
+                         stack_receipt_of)
+from k3infra.bench import workload
+from k3infra.bench.compare import compare_results
+from k3infra.bench.cost import cost_rows
+from k3infra.bench.fetch import FetchError, fetch_results
+from k3infra.bench.receipt_writer import (ReceiptInputs, ReceiptWriteError, StatefulSetFile,
+                                          write_receipt)
+from k3infra.bench.report import print_comparison, plot_latencies, plot_cost, print_cost
+from k3infra.bench.results import ResultError, load_result
+from k3infra.config import BenchmarkConfig
+from k3infra.display import console
+from k3infra.fileformats import FileFormatError, load_json
+from k3infra.live.cluster import ClusterError, KubeCluster, connect
+from k3infra.receipt import receipt_named, stack_receipt
+from k3infra.serving.rollout import GATE_SELECTOR
+from k3infra.weights import tree
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -101,8 +117,6 @@ _concurrencies = flags.mirrors("BenchmarkConfig", "concurrencies", "k3:benchmark
 
 
 def _load(paths: list[Path]):
-    from k3infra.bench.results import ResultError, load_result
-
     try:
         return [load_result(p) for p in paths]
     except ResultError as exc:
@@ -110,31 +124,21 @@ def _load(paths: list[Path]):
 
 
 def _tolerance(value) -> float:
-    from k3infra.config import BenchmarkConfig
-
     return BenchmarkConfig.model_fields["tolerance_pct"].default if value is None else value
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from k3infra.bench.compare import compare_results
-    from k3infra.bench.report import print_comparison
-
     receipt = receipt_of(args).receipt
     results = _load(args.results)
     cmp = compare_results(results, receipt, _tolerance(args.tolerance_pct), args.topology)
     print_comparison(cmp, receipt)
     if args.plot:
-        from k3infra.bench.report import plot_latencies
-
         plot_latencies(results, receipt, cmp.tolerance_pct, args.plot)
         print(f"plot: {args.plot}")
     return cmp.exit_status()
 
 
 def _cost(args: argparse.Namespace) -> int:
-    from k3infra.bench.cost import cost_rows
-    from k3infra.bench.report import plot_cost, print_cost
-
     try:
         rows = cost_rows(_load(args.results), args.node_rate, args.nodes)
     except ValueError as exc:
@@ -149,14 +153,6 @@ def _cost(args: argparse.Namespace) -> int:
 
 
 def _receipt(args: argparse.Namespace) -> int:
-    from k3infra.bench.receipt_writer import (ReceiptInputs, ReceiptWriteError, StatefulSetFile,
-                                              write_receipt)
-    from k3infra.display import console
-    from k3infra.cli import stack_receipt_of
-    from k3infra.fileformats import FileFormatError, load_json
-    from k3infra.receipt import receipt_named, stack_receipt
-    from k3infra.weights import tree
-
     results = _load(args.results)
     inputs = ReceiptInputs(
         id=args.id, measured_on=args.measured_on, engine_version=args.engine_version,
@@ -184,8 +180,6 @@ def _receipt(args: argparse.Namespace) -> int:
 
 
 def _prompts(args: argparse.Namespace) -> int:
-    from k3infra.bench import workload
-
     receipt = receipt_of(args).receipt
     w = receipt.workload_a
     concurrencies = args.concurrencies or ",".join(str(c) for c in w.concurrencies)
@@ -201,12 +195,6 @@ def _prompts(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from k3infra.display import console
-
-    from k3infra.bench.fetch import FetchError, fetch_results
-    from k3infra.live.cluster import ClusterError, KubeCluster, connect
-    from k3infra.serving.rollout import GATE_SELECTOR
-
     try:
         cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
         run_dir = fetch_results(cluster, args.namespace, args.out, image=args.image,

@@ -3,8 +3,17 @@ building images/ by hand (docs/engine.md) or checking what a stack will run."""
 from __future__ import annotations
 
 import argparse
+import json
 
-from k3infra.cli import add_receipt_args
+from pydantic import ValidationError
+from rich.table import Table
+
+from k3infra.cli import add_receipt_args, UsageError, receipt_of
+from k3infra.config import (ConfigError, EngineConfig, StackConfig, chosen_receipt,
+                            parse_stack_config)
+from k3infra.display import console, styled
+from k3infra.engine.plan import build_args, resolve_engine
+from k3infra.render import load_config, project_root
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -23,15 +32,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_args(a: argparse.Namespace) -> int:
-    import json
-
-    from pydantic import ValidationError
-
-    from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, EngineConfig, StackConfig
-    from k3infra.engine.plan import build_args
-    from k3infra.cli import receipt_of
-
     engine = {}
     if a.cpu is not None:
         engine["buildCpu"] = a.cpu
@@ -56,14 +56,6 @@ def _build_args(a: argparse.Namespace) -> int:
 
 
 def _plan(a: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
-    from k3infra.display import console, styled
-    from k3infra.engine.plan import resolve_engine
-    from k3infra.render import load_config, project_root
-
     try:
         root = project_root()
         raw, secrets = load_config(a.stack, a.config, root)

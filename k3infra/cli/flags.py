@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
+
+from k3infra.podcommon import (CREDENTIALS_IN_FLAG, output_directory, output_target,
+                               url_credentials)
 # No `typing` import: the annotations are strings (the __future__ import above), and
 # `weights verify` (which builds this module's flags) must not pay for it (issue 18).
 
@@ -33,6 +37,9 @@ def mirrors(model: str, field: str, key: str, comma_list: bool = False) -> Calla
     section `model` (a class name in k3infra.config, imported when a value is parsed).
     `comma_list`: the flag is `8,16,32` for a list key (returned as that text, checked)."""
     def check(section, value: Any) -> tuple[Any, Any]:
+        # pydantic and the config models (k3infra.config with pydantic: 0.24 s, python -X
+        # importtime) load when a value is parsed, not when the parser is built: every
+        # command builds its flags, `weights verify` among them.
         from pydantic import ValidationError
 
         checked = section.model_construct()
@@ -48,7 +55,7 @@ def mirrors(model: str, field: str, key: str, comma_list: bool = False) -> Calla
         return getattr(checked, field), None
 
     def parse(text: str) -> Any:
-        import k3infra.config as config
+        import k3infra.config as config      # when a value is parsed: see check()
 
         section = getattr(config, model)
         value = ([_number(v.strip()) for v in text.split(",") if v.strip()] if comma_list
@@ -69,8 +76,6 @@ def mirrors(model: str, field: str, key: str, comma_list: bool = False) -> Calla
 def url(text: str) -> str:
     """A URL flag (`weights mirror --to`, `--endpoint`): refused, its credentials masked,
     by the stack keys' own rule (podcommon.url_credentials), before anything can print it."""
-    from k3infra.podcommon import CREDENTIALS_IN_FLAG, url_credentials
-
     masked = url_credentials(text)
     if masked is not None:
         raise argparse.ArgumentTypeError(f"{masked[:200]!r} {CREDENTIALS_IN_FLAG}")
@@ -111,10 +116,6 @@ FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 
 def output_file(text: str):
     """A file the command writes: a regular file or a new one in an existing directory."""
-    from pathlib import Path
-
-    from k3infra.podcommon import output_target
-
     try:
         output_target(text)
     except OSError as exc:
@@ -135,10 +136,6 @@ def output_dir(text: str):
     """A directory the command writes into (podcommon.output_directory: an existing
     directory or a new one made with its parents, never a file, a device or a link); the
     files in it are written by the one output writer."""
-    from pathlib import Path
-
-    from k3infra.podcommon import output_directory
-
     try:
         output_directory(text, create=False)
     except OSError as exc:

@@ -5,9 +5,21 @@ server's CIDRs), show them, and with --write record them in stacks/Pulumi.<stack
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
-from k3infra.cli import flags
+from rich.table import Table
+
+from k3infra.cli import flags, UsageError
+import k3infra.pins as p
+from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
+from k3infra.config.stackfile import STACK_DIR, stack_file, read_stack_file
+from k3infra.display import console as literal_console, styled
+from k3infra.gates import is_placeholder
+from k3infra.pins import cluster, gitref, hub, oci
+from k3infra.pins.stackwrite import StackWriteError, set_values
+from k3infra.podcommon import atomic_write_text
+from k3infra.render import load_config, project_root
 
 DEFAULT_STACK = "existing"
 
@@ -32,15 +44,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _pins(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    import k3infra.pins as p
-    from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
-    from k3infra.config.stackfile import STACK_DIR, stack_file
-    from k3infra.display import console as literal_console, styled
-    from k3infra.render import load_config, project_root
-
     console = literal_console()
     root = project_root()
     path = stack_file(args.stack, root)
@@ -80,10 +83,6 @@ def _pins(args: argparse.Namespace) -> int:
 
 
 def _resolve(cfg, receipt, args, root: Path) -> list:
-    import k3infra.pins as p
-    from k3infra.gates import is_placeholder
-    from k3infra.pins import cluster, gitref, hub, oci
-
     # One client for the command: its deadline covers every registry and Hub call.
     http = oci.client(args.timeout or oci.DEADLINE_S)
     check = args.check
@@ -110,12 +109,9 @@ def _resolve(cfg, receipt, args, root: Path) -> list:
 
 
 def _check(console, pins) -> int:
-    import k3infra.pins as p
-
     bad = [pin for pin in pins if pin.state == p.MOVED
            or (pin.state == p.UNRESOLVED and pin.current and pin.resolved is None
                and "not pinned yet" not in pin.source)]
-    from k3infra.display import styled
 
     for pin in bad:
         console.print(styled(("refused:", "red"), f" {pin.key}: {pin.source}"), soft_wrap=True)
@@ -126,14 +122,6 @@ def _check(console, pins) -> int:
 
 
 def _write(console, path: Path, raw, secrets, receipt, writable) -> None:
-    import tempfile
-
-    from k3infra.cli import UsageError
-    from k3infra.config import ConfigError, parse_stack_config
-    from k3infra.config.stackfile import read_stack_file
-    from k3infra.pins.stackwrite import StackWriteError, set_values
-    from k3infra.podcommon import atomic_write_text
-
     try:
         text = set_values(path, [(pin.path, pin.resolved) for pin in writable])
     except StackWriteError as exc:

@@ -4,6 +4,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pulumi_policy import StackValidationPolicy
+from rich.table import Table
+
+from k3infra.cli import UsageError
+from k3infra.display import console as literal_console, styled, console
+from k3infra.policies import POLICIES, level
+from k3infra.policies.runner import PolicyRunError, check_plan, load_plan, load_policy_config
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
@@ -19,13 +27,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from k3infra.cli import UsageError
-    from k3infra.display import console as literal_console, styled
-    from k3infra.policies.runner import (PolicyRunError, check_plan, load_plan,
-                                         load_policy_config)
-
     pack_config = None
     if args.policy_config is not None:
         try:
@@ -66,12 +67,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from rich.table import Table
-    from pulumi_policy import StackValidationPolicy
-
-    from k3infra.display import console
-    from k3infra.policies import POLICIES, level
-
     table = Table(title="k3infra policy pack", show_lines=True)
     table.add_column("policy", no_wrap=True)
     table.add_column("level / scope / config", max_width=22)

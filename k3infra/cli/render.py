@@ -7,9 +7,22 @@ is of the same render that writes plan.json."""
 from __future__ import annotations
 
 import argparse
+from collections import Counter
+
+from rich.table import Table
 
 from k3infra.cli import UsageError, flags
 from k3infra.containerview import ViewError, show
+from k3infra.config import ConfigError, parse_stack_config
+from k3infra.display import console as literal_console, styled
+from k3infra.hbm import HbmError
+from k3infra.host import report
+from k3infra.preflight import preflight_report
+from k3infra.receipt import ReceiptError
+# A module, not its names: tests replace project_root and render_stack on it.
+from k3infra import render as rendering
+from k3infra.summary import summary_rows
+from k3infra.weights.lockcheck import load_stack_lock
 
 
 DEFAULT_STACK = "existing"
@@ -32,22 +45,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from collections import Counter
-
-    from rich.table import Table
-
-    from k3infra.config import ConfigError, parse_stack_config
-    from k3infra.display import console as literal_console, styled
-    from k3infra.hbm import HbmError
-    from k3infra.render import project_root, render_stack, write_render
-    from k3infra.receipt import ReceiptError
-    from k3infra.summary import summary_rows
-
     console = literal_console()
     try:
-        root = project_root()
+        root = rendering.project_root()
         args.out = args.out or root / "build" / "render" / args.stack
-        render = render_stack(args.stack, args.config, root)
+        render = rendering.render_stack(args.stack, args.config, root)
     except (ConfigError, HbmError, FileNotFoundError, ReceiptError) as exc:
         raise UsageError(str(exc)) from None
     except Exception as exc:  # the program's own refusal, surfaced by the mock runtime
@@ -55,7 +57,7 @@ def _render(args: argparse.Namespace) -> int:
         if isinstance(cause, (ConfigError, HbmError)):
             raise UsageError(str(cause)) from None
         raise
-    written = write_render(render, args.out)
+    written = rendering.write_render(render, args.out)
     receipt = render.receipt.receipt
     cfg = parse_stack_config(render.raw_config, tuple(render.secret_keys), receipt=receipt)
 
@@ -72,8 +74,6 @@ def _render(args: argparse.Namespace) -> int:
     for typ, n in sorted(Counter(r["type"] for r in render.resources).items()):
         counts.add_row(typ, str(n))
     console.print(counts)
-    from k3infra.preflight import preflight_report
-    from k3infra.weights.lockcheck import load_stack_lock
     lock = load_stack_lock(receipt, cfg, root)
     for line in preflight_report(cfg, receipt, lock_total_bytes=lock.total_bytes if lock else None):
         console.print(f"preflight {line}")
@@ -109,13 +109,6 @@ def _show(console, args, render, cfg, receipt) -> int:
 
 
 def _render_host(console, args, render, cfg, receipt, root) -> int:
-    from rich.table import Table
-
-    from k3infra.display import styled
-    from k3infra.host import report
-    from k3infra.summary import summary_rows
-    from k3infra.weights.lockcheck import load_stack_lock
-
     table = Table(title=f"k3infra render: stack {args.stack} (one Docker host)", show_header=False)
     instance = report.rendered_instance(render)
     for key, value in summary_rows(cfg, render, receipt,

@@ -15,8 +15,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3infra.cli import add_cluster_args, flags
+from rich.table import Table
+
+from k3infra.cli import UsageError, add_cluster_args, flags
+from k3infra.display import console as literal_console, styled
+from k3infra.fileformats import FileFormatError, load_json, read_text
+# The module, not its names: tests replace connect and KubeCluster on it.
+from k3infra.live import cluster as live_cluster
 from k3infra.naming import PROGRAM_INSTANCE
+from k3infra.serve_argv import SERVING_CONTAINER
+from k3infra.serving.timeline import PodFile, budgets_of, off_cluster_pod, parse_time, timeline
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -39,9 +47,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _startup(args: argparse.Namespace) -> int:
-    from k3infra.cli import UsageError
-    from k3infra.display import console as literal_console, styled
-
     console = literal_console()
     if args.log is not None:
         try:
@@ -53,11 +58,9 @@ def _startup(args: argparse.Namespace) -> int:
     for flag in ("pod_json", "budget", "started", "scheduled"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} needs --log FILE (off a cluster)")
-    from k3infra.live.cluster import ClusterError, KubeCluster, connect
-    from k3infra.serve_argv import SERVING_CONTAINER
-
     try:
-        cluster = KubeCluster(connect(args.kubeconfig, args.context), args.namespace)
+        cluster = live_cluster.KubeCluster(live_cluster.connect(args.kubeconfig, args.context),
+                                           args.namespace)
         pods = [p for p in cluster.serving_pods()
                 if args.pod is None or p["metadata"]["name"] == args.pod]
         if not pods:
@@ -65,7 +68,7 @@ def _startup(args: argparse.Namespace) -> int:
                              f"namespace {args.namespace}")
         logs = {p["metadata"]["name"]: cluster.container_log(
             p["metadata"]["name"], SERVING_CONTAINER, previous=args.previous) for p in pods}
-    except ClusterError as exc:
+    except live_cluster.ClusterError as exc:
         console.print(styled(("k3infra startup:", "red"), f" {exc}"), soft_wrap=True)
         return 2
     try:
@@ -76,9 +79,6 @@ def _startup(args: argparse.Namespace) -> int:
 
 
 def _off_cluster(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
-    from k3infra.fileformats import FileFormatError, load_json, read_text
-    from k3infra.serving.timeline import PodFile, budgets_of, off_cluster_pod, parse_time
-
     # The one bounded reader: a FIFO or /dev/zero as --log is refused at once.
     log = read_text(args.log, "container log", lenient=True)
     if args.pod_json is not None:
@@ -111,11 +111,6 @@ def _off_cluster(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
 
 
 def _report(console, pods: list[dict], logs: dict[str, str]) -> int:
-    from rich.table import Table
-
-    from k3infra.display import styled
-    from k3infra.serving.timeline import timeline
-
     over = False
     for pod in pods:
         name = pod["metadata"]["name"]

@@ -13,9 +13,22 @@ import argparse
 from pathlib import Path
 from typing import Any, Optional
 
+from rich.table import Table
+
 from k3infra.naming import PROGRAM_INSTANCE
 from k3infra.cli import UsageError, add_cluster_args, add_receipt_args, receipt_of
-from k3infra.cli.bench import tolerance_pct
+from k3infra.cli.bench import tolerance_pct, _tolerance
+from k3infra.bench import fetch
+from k3infra.bench.compare import compare_results
+from k3infra.bench.results import ResultError, load_result
+from k3infra.display import console as literal_console, styled
+from k3infra.host.inspect import DockerHost
+from k3infra.live import drift
+from k3infra.live.cluster import ClusterError, KubeCluster, connect
+from k3infra.podcommon import JsonRefused, parse_json
+from k3infra.weights import tree
+from k3infra.weights.manifests import WeightsLayout
+from k3infra.weights.tree import MARKER_NAME
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -49,14 +62,6 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
                 tolerance_pct: float) -> list:
     """Every drift row. `cluster` offers statefulset(), read_file(pod, container, path)
     and, for fetching, what k3infra.bench.fetch.fetch_results uses."""
-    from k3infra.bench import fetch
-    from k3infra.live import drift
-    from k3infra.live.cluster import ClusterError
-    from k3infra.bench.compare import compare_results
-    from k3infra.bench.results import ResultError, load_result
-    from k3infra.weights.manifests import WeightsLayout
-    from k3infra.weights.tree import MARKER_NAME
-
     # A multi-node stack serves from LeaderWorkerSet groups (k3infra/serving/group.py):
     # every pod of every group is read, the leader's serve line judged like a node's.
     groups = cluster.groups() if hasattr(cluster, "groups") else []
@@ -112,8 +117,6 @@ def verify_rows(cluster: Any, receipt, *, lock: Optional[dict] = None,
 def _json(text: Optional[str]) -> Optional[dict]:
     """A marker or lock read from a pod (the weights volume's writers are not trusted):
     podcommon's bounded JSON parser; anything else is no file."""
-    from k3infra.podcommon import JsonRefused, parse_json
-
     if text is None:
         return None
     try:
@@ -124,10 +127,6 @@ def _json(text: Optional[str]) -> Optional[dict]:
 
 
 def print_rows(rows, console=None) -> None:
-    from rich.table import Table
-
-    from k3infra.display import console as literal_console, styled
-
     console = console or literal_console()
     table = Table(title="k3infra verify: live deployment vs receipt")
     for col in ("area", "check", "expected", "actual", ""):
@@ -143,13 +142,9 @@ def print_rows(rows, console=None) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from k3infra.live.cluster import ClusterError, KubeCluster, connect
-    from k3infra.cli.bench import _tolerance
     receipt = receipt_of(args).receipt
     lock = None
     if args.lock:
-        from k3infra.weights import tree
-
         try:     # the one lock reader: bounded, typed, its digest recomputed
             parsed, _sha = tree.load_lock(str(args.lock))
         except tree.LockError as exc:
@@ -157,8 +152,6 @@ def _verify(args: argparse.Namespace) -> int:
         lock = {"tree_digest": parsed.tree_digest, "revision": parsed.revision}
     try:
         if args.docker_host:
-            from k3infra.host.inspect import DockerHost
-
             if args.results is None and not args.no_results:
                 raise UsageError("--docker-host: pass --results DIR (a run of `vllm bench "
                                  "serve` against the host) or --no-results")

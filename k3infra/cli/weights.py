@@ -10,14 +10,21 @@ Exit status: 0 success; 1 verification or prefetch failed (every bad path on std
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from k3infra.cli import flags
+from k3infra.cli import UsageError, flags
+# Modules, not their names, where tests replace a function (verify.lock_from_dir).
+from k3infra.weights import tree, verify
+from k3infra.weights.__main__ import add_commands
+
+# Imported by the commands that download (lock --hub, prefetch, mirror), not here:
+# k3infra.weights.prefetch, .sources and .store bring the HTTP client (http.client, ssl,
+# email, logging: +0.05 s, python -X importtime, twice what `weights verify` takes to
+# load), which `weights verify` never uses.
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from k3infra.weights.__main__ import add_commands
-
     sub = parser.add_subparsers(dest="weights_command", metavar="COMMAND", required=True)
     commands = add_commands(sub)          # the pod runtime's own arguments, exactly
     commands["lock"].set_defaults(func=_lock)
@@ -71,6 +78,9 @@ class _Out:
     def __init__(self) -> None:
         self.console = None
         if sys.stdout.isatty():
+            # Here, not at the top: k3infra.display brings typing (and rich once called),
+            # which the verify path in every pod's gate must not load (issue 18: ~25 ms of
+            # start-up; tests/test_weights_runtime.py holds it to that).
             from k3infra.display import console
 
             self.console = console()
@@ -90,9 +100,6 @@ class _Out:
 
 
 def _load(path: str):
-    from k3infra.cli import UsageError
-    from k3infra.weights import tree
-
     try:
         return tree.load_lock(path)
     except tree.LockError as exc:
@@ -100,9 +107,6 @@ def _load(path: str):
 
 
 def _lock(args: argparse.Namespace) -> int:
-    from k3infra.cli import UsageError
-    from k3infra.weights import tree
-
     out = _Out()
     if bool(args.dir) == bool(args.hub):
         raise UsageError("give either a local DIR or --hub REPO (not both)")
@@ -114,21 +118,21 @@ def _lock(args: argparse.Namespace) -> int:
         if args.hub:
             if not args.revision:
                 raise UsageError("--hub needs --revision <40-hex commit> (a branch name moves)")
-            from k3infra.weights.prefetch import lock_from_hub
-            from k3infra.weights.sources import lock_client, lock_from_sources, parse_sources
+            # The HTTP client: see the top.
+            from k3infra.weights import prefetch, sources as sources_mod
 
             tree.check_repo(args.hub)
             tree.check_revision(args.revision)
             try:
-                sources = parse_sources(args.sources)
+                sources = sources_mod.parse_sources(args.sources)
             except ValueError as exc:
                 raise UsageError(f"--sources: {exc}") from None
-            client = lock_client(args)
+            client = sources_mod.lock_client(args)
             try:
-                lock = lock_from_sources(
+                lock = sources_mod.lock_from_sources(
                     sources, args.hub, args.revision, emit=out.line, client=client,
-                    hub_lock=lambda: lock_from_hub(args.hub, args.revision, emit=out.line,
-                                                   client=client))
+                    hub_lock=lambda: prefetch.lock_from_hub(args.hub, args.revision, emit=out.line,
+                                                            client=client))
             except Exception as exc:    # the Hub's or a source's answer: one line
                 first = (str(exc).strip().splitlines() or [""])[0]
                 if not first.startswith(f"{args.hub}@"):
@@ -136,18 +140,14 @@ def _lock(args: argparse.Namespace) -> int:
                 print(f"k3infra weights lock: {first}", file=sys.stderr)
                 return 1
         else:
-            from k3infra.weights.verify import lock_from_dir
-
             revision = args.revision or tree.revision_from_hf_metadata(args.dir)
             if not revision:
                 raise UsageError(f"{args.dir}: no --revision given and none recorded by huggingface_hub "
                                  "in the tree; pass --revision <40-hex commit>")
             repo = args.repo
             if not repo:
-                from k3infra.receipt import load_receipt
-
-                repo = load_receipt().model.repo
-            lock = lock_from_dir(args.dir, repo, revision, workers=args.workers, emit=out.line)
+                repo = _shipped_receipt().model.repo
+            lock = verify.lock_from_dir(args.dir, repo, revision, workers=args.workers, emit=out.line)
     except tree.LockError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -156,19 +156,27 @@ def _lock(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {tree.describe_oserror(exc)}") from None
     out.line(f"lock {args.out}: {lock.repo}@{lock.revision}, {len(lock.files)} files, "
              f"{lock.total_bytes} bytes, {lock.tree_digest}")
-    from k3infra.receipt import load_receipt
+    # Here, not at the top: k3infra.weights.lockcheck loads pydantic and the config models
+    # (0.24 s, python -X importtime), which `weights verify` never pays.
     from k3infra.weights.lockcheck import compare_with_receipt
 
-    verdict = compare_with_receipt(lock, load_receipt().model.tree_digest)
+    verdict = compare_with_receipt(lock, _shipped_receipt().model.tree_digest)
     out.line("matches the receipt's measured tree" if verdict is True
              else f"note: {verdict} (serving it needs k3:profile custom)",
              "green" if verdict is True else "yellow")
     return 0
 
 
-def _verify(args: argparse.Namespace) -> int:
-    from k3infra.weights import tree, verify
+def _shipped_receipt():
+    """The shipped default receipt."""
+    # Here, not at the top: k3infra.receipt loads pydantic (0.16 s with it, python -X
+    # importtime), which `weights verify` never pays.
+    from k3infra.receipt import load_receipt
 
+    return load_receipt()
+
+
+def _verify(args: argparse.Namespace) -> int:
     out = _Out()
     lock, _sha = _load(args.lock)
     if args.require_marker:
@@ -185,13 +193,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _prefetch(args: argparse.Namespace) -> int:
-    from k3infra.cli import UsageError
-    from k3infra.weights import prefetch
-    from k3infra.weights.sources import parse_sources
+    from k3infra.weights import prefetch, sources as sources_mod      # HTTP: see the top
 
     out = _Out()
     try:
-        sources = parse_sources(args.sources)
+        sources = sources_mod.parse_sources(args.sources)
     except ValueError as exc:
         raise UsageError(f"--sources: {exc}") from None
     lock, lock_sha = _load(args.lock)
@@ -217,9 +223,11 @@ def _prefetch(args: argparse.Namespace) -> int:
 def _from_stack(args: argparse.Namespace) -> None:
     """--stack NAME: the store, revision and lock the stack's prefetch will read, so the
     mirror fills exactly what the stack pins (the stack file read as `render` reads it)."""
-    from k3infra.cli import UsageError
+    # Here, not at the top: the stack's config models load pydantic (k3infra.config with
+    # it 0.24 s, python -X importtime), which `weights verify` never pays.
     from k3infra.config import ConfigError, chosen_receipt, parse_stack_config
     from k3infra.render import load_config, project_root
+    from k3infra.weights.lockcheck import load_stack_lock
 
     given = [f for f, v in (("--to", args.to), ("--endpoint", args.endpoint), ("--region", args.region),
                             ("--revision", args.revision), ("--hub", args.hub), ("--lock", args.lock))
@@ -243,8 +251,6 @@ def _from_stack(args: argparse.Namespace) -> None:
     args.allow_http, args.virtual_hosted = st.allow_http, st.virtual_hosted_style
     args.hub, args.revision = receipt.model.repo, cfg.weights_revision
     if cfg.weights.lock_file is not None:
-        from k3infra.weights.lockcheck import load_stack_lock
-
         try:
             args.lock = load_stack_lock(receipt, cfg, root).path
         except ConfigError as exc:
@@ -252,10 +258,7 @@ def _from_stack(args: argparse.Namespace) -> None:
 
 
 def _mirror(args: argparse.Namespace) -> int:
-    import os
-
-    from k3infra.cli import UsageError
-    from k3infra.weights import store, tree
+    from k3infra.weights import prefetch, store      # the HTTP client: see the top
 
     out = _Out()
     if args.stack:
@@ -284,12 +287,9 @@ def _mirror(args: argparse.Namespace) -> int:
         if not args.revision:
             raise UsageError("--revision <40-hex commit> (or --lock FILE): the mirror copies one "
                              "pinned revision")
-        from k3infra.receipt import load_receipt
-        from k3infra.weights.prefetch import lock_from_hub
-
-        repo = args.hub or load_receipt().model.repo
+        repo = args.hub or _shipped_receipt().model.repo
         try:
-            lock = lock_from_hub(repo, args.revision, emit=out.line)
+            lock = prefetch.lock_from_hub(repo, args.revision, emit=out.line)
         except tree.LockError as exc:
             raise UsageError(str(exc)) from None
         except Exception as exc:    # the Hub's answer: not found, gated, offline...
@@ -297,6 +297,8 @@ def _mirror(args: argparse.Namespace) -> int:
             print(f"k3infra weights mirror: {repo}@{args.revision}: {type(exc).__name__}: {first}",
                   file=sys.stderr)
             return 1
+    # Here, not at the top: the mirror needs obstore, an optional dependency (the `store`
+    # extra), and `weights verify` never loads it.
     from k3infra.weights.mirror import HUB_DEADLINE_SECONDS, mirror
 
     try:

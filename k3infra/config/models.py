@@ -2,19 +2,22 @@
 `StackConfig`)."""
 from __future__ import annotations
 
+from importlib import resources
 from typing import Annotated, Any, Literal, Optional, Union
+from urllib.parse import urlsplit
 
 from pydantic import Field, create_model, field_validator, model_validator
 
 from k3infra.config.base import (SECRET_PLACEHOLDER, PROXY_IMAGE, Secret, _Section, unset)
 from k3infra.config.pools import NodePoolConfig
 from k3infra.weights import store
-from k3infra.fieldtypes import (
-    API_KEY, Accepted, AbsPath, Cidr, Commit, Count, CronField, DigestImage, DnsCidr, DnsLabel,
-    DnsSubdomain, DockerTag, EnvName, HubCommit, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
-    IpAddress, Labels, LabelValue, Percent, Port, RegistryHost, Replicas, Repository,
-    ScrapeInterval, Seconds, Seed, ServedModelName, Sha256Hex, UnprivilegedPort, Version,
-    LABEL_KEY_REGEX, integer, number, pattern)
+from k3infra.fieldtypes import (API_KEY, Accepted, AbsPath, Cidr, Commit, Count, CronField,
+                                DigestImage, DnsCidr, DnsLabel, DnsSubdomain, DockerTag, EnvName,
+                                HubCommit, Factor, FilePath, Flag, GB, GBps, Gi, GitUrl, HttpUrl,
+                                IpAddress, Labels, LabelValue, Percent, Port, RegistryHost,
+                                Replicas, Repository, ScrapeInterval, Seconds, Seed,
+                                ServedModelName, Sha256Hex, UnprivilegedPort, Version,
+                                LABEL_KEY_REGEX, integer, number, pattern, is_wildcard)
 
 # A region name as S3 APIs take it (AWS's us-east-1, an S3-compatible store's own name).
 StoreRegion, _ = pattern(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?", "must be a region name (lowercase "
@@ -432,8 +435,6 @@ class StoreConfig(_Section):
     @property
     def port(self) -> int:
         """The endpoint's port (the prefetch's egress): 443, or 80 for plain HTTP."""
-        from urllib.parse import urlsplit
-
         if self.endpoint is None:
             return 443
         parts = urlsplit(self.endpoint)
@@ -815,8 +816,6 @@ class AccuracyConfig(_Section):
     @field_validator("tasks")
     @classmethod
     def _shipped(cls, v: list[str]) -> list[str]:
-        from importlib import resources
-
         shipped = sorted(p.name[:-5] for p in resources.files("k3infra.accuracy").joinpath(
             "tasks").iterdir() if p.name.endswith(".yaml"))
         unknown = [t for t in v if t not in shipped]
@@ -1069,8 +1068,6 @@ class HostConfig(_Section):
 
     @model_validator(mode="after")
     def _all_interfaces_chosen(self) -> "HostConfig":
-        from k3infra.fieldtypes import is_wildcard
-
         # Parsed, not compared as text: ::ffff:0.0.0.0 (the IPv4-mapped wildcard) binds
         # every IPv4 address as 0.0.0.0 does.
         wide = is_wildcard(self.publish_address) or self.network_mode == "host"

@@ -231,6 +231,9 @@ def _check_rollout(cfg: StackConfig) -> None:
 
 
 def _check_cross_fields(cfg: StackConfig, receipt: Receipt) -> None:
+    # Here, not at the top: an import cycle. k3infra.topology imports ConfigError from
+    # k3infra.config.base, and loading it runs k3infra.config's __init__, which imports
+    # this module: at the top, `import k3infra.topology` first fails.
     from k3infra.topology import check_config as check_topology
 
     check_topology(cfg, receipt)

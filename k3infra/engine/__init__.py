@@ -13,7 +13,8 @@ __all__ = ["EnginePlan", "resolve_engine", "engine_gates", "build_args", "build_
 
 
 def __getattr__(name: str):
-    # The component imports Pulumi; pure users (render summary, CLI) need not.
+    # The component imports pulumi-kubernetes (0.19 s with the Pulumi SDK, python -X
+    # importtime), which the pure users (render summary, `k3infra engine`) need not.
     if name in ("EngineBuild", "EngineBuildArgs"):
         from k3infra.engine import component
         return getattr(component, name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, TypedDict, Union
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 from k3infra.config import ConfigError, StackConfig
 from k3infra.engine import manifests as em
@@ -25,7 +26,7 @@ from k3infra.engine.plan import EnginePlan, build_namespace, engine_gates, resol
 from k3infra.engine.result import (BuildResult, EngineBuildError, check_result_object,
                                    image_from_digest, parse_build_result, parse_wheel_record)
 from k3infra import naming, podfiles
-from k3infra.gates import PLACEHOLDER_HEX, enforce
+from k3infra.gates import PLACEHOLDER_HEX, enforce, Gate
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_manifest, child_options
 from k3infra.podcommon import read_regular
@@ -133,8 +134,6 @@ def engine_recipe(plan: EnginePlan, cfg: StackConfig, explicit: Optional[str] = 
 
 def lock_gates(recipe: Optional[Path]) -> list:
     """Hash-locked requirements the recipe needs: missing ones refuse `pulumi up`."""
-    from k3infra.gates import Gate
-
     if recipe is None:
         return []
     return [Gate(f"images/{name}", f"missing: the engine installs Python packages only from "
@@ -224,8 +223,6 @@ class EngineBuild(pulumi.ComponentResource):
 
     def _in_cluster(self, name: str, plan: EnginePlan, cfg: StackConfig, args: EngineBuildArgs,
                     recipe: Optional[Path]) -> pulumi.Output[BuildResult]:
-        import pulumi_kubernetes as k8s
-
         context = self._recipe_files
         scripts = job_files()
         names = em.BuildNames(args.get("base", naming.APP), build_namespace(cfg),
@@ -277,6 +274,8 @@ class EngineBuild(pulumi.ComponentResource):
 
     def _local(self, name: str, plan: EnginePlan, args: EngineBuildArgs,
                recipe: Path) -> pulumi.Output[BuildResult]:
+        # Here, not at the top: pulumi-docker-build is optional (the `docker-build`
+        # extra), needed by k3:engine.build = local only.
         import pulumi_docker_build as docker_build
 
         # The project directory (Pulumi runs programs there), never inside the package.

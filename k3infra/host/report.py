@@ -13,6 +13,7 @@ from k3infra.host.plan import SERVER, HostPlan, container_name, host_plan
 from k3infra.host.preflight import host_preflight_report
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import serve_args_of
+from k3infra.podcommon import atomic_write_text, output_directory
 
 CONTAINER_TYPE = "docker:index/container:Container"
 COMPONENT_TYPE = "k3infra:index:K3HostStack"
@@ -75,7 +76,6 @@ def write_compose(plan: HostPlan, receipt: Receipt, cfg: StackConfig, out: Path)
     header = {"receipt": receipt.id, "profile": cfg.profile,
               "weightsRevision": cfg.weights_revision, "treeDigest": receipt.model.tree_digest,
               "serveCommand": " ".join(plan.serve_command)}
-    from k3infra.podcommon import atomic_write_text, output_directory
 
     path = out / COMPOSE_FILE
     atomic_write_text(path, compose_yaml(plan, header))     # the one output writer

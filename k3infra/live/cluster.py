@@ -2,10 +2,13 @@
 `kubernetes` Python client and the user's kubeconfig. Thin: find objects, read a file
 in the serving pod, run the results reader pod; every decision is in drift/compare.
 
-The client is imported lazily (only these commands need it).
+The client is imported lazily, in connect() and _kubernetes() only: it is an optional
+dependency (the `cluster` extra) and takes 0.54 s to import (python -X importtime), which
+`k3infra startup --log` and every command off a cluster never pay.
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Optional
 
@@ -51,7 +54,7 @@ class ClusterError(RuntimeError):
 
 def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> Any:
     try:
-        from kubernetes import client, config
+        from kubernetes import client, config      # optional, 0.54 s: the module docstring
     except ImportError as exc:
         raise ClusterError(f"the kubernetes client is not installed ({exc}): "
                            "pip install 'k3infra[cluster]'") from None
@@ -65,8 +68,6 @@ def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> 
 def _api_message(exc: Any) -> str:
     """The server's own Status message when it sent one. An exec refused at the websocket
     handshake arrives as status 0 with the response headers and body in `reason`."""
-    import json
-
     body = exc.body or str(exc.reason or "").rsplit(" -+-+- ", 1)[-1]
     try:
         status = json.loads(body)
@@ -77,12 +78,21 @@ def _api_message(exc: Any) -> str:
     return f"{exc.status} {exc.reason}"
 
 
+def _kubernetes():
+    """(the client module, ApiException, stream) of the kubernetes package, which
+    connect() has already imported (optional, 0.54 s: the module docstring)."""
+    from kubernetes import client
+    from kubernetes.stream import stream
+
+    return client, client.ApiException, stream
+
+
 class KubeCluster:
     """The few reads verify needs, as plain dicts (camelCase, as the API serves them)."""
 
     def __init__(self, api: Any, namespace: str):
-        from kubernetes import client
-
+        client, self._api_exception, self._stream = _kubernetes()
+        self._client = client
         self.api, self.namespace = api, namespace
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
@@ -92,11 +102,9 @@ class KubeCluster:
         return self.api.sanitize_for_serialization(obj)
 
     def _call(self, what: str, fn, *args, **kwargs):
-        from kubernetes.client.exceptions import ApiException
-
         try:
             return fn(*args, **kwargs)
-        except ApiException as exc:
+        except self._api_exception as exc:
             raise ClusterError(f"{what} in namespace {self.namespace}: "
                                f"{_api_message(exc)}") from None
         except OSError as exc:
@@ -127,15 +135,12 @@ class KubeCluster:
     def groups(self) -> list[dict]:
         """The serving LeaderWorkerSets of a multi-node stack, by name ([] when there are
         none, or the LeaderWorkerSet CRD is not installed)."""
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
         group, _, version = topology.LWS_API_VERSION.partition("/")
         try:
-            found = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+            found = self._client.CustomObjectsApi(self.api).list_namespaced_custom_object(
                 group, version, self.namespace, "leaderworkersets",
                 label_selector=SERVING_SELECTOR)
-        except ApiException as exc:
+        except self._api_exception as exc:
             if exc.status == 404:
                 return []
             raise ClusterError(f"listing LeaderWorkerSets in namespace {self.namespace}: "
@@ -146,9 +151,7 @@ class KubeCluster:
 
     def read_file(self, pod: str, container: str, path: str) -> Optional[str]:
         """A text file inside a running container; None when it does not exist."""
-        from kubernetes.stream import stream
-
-        resp = self._call(f"exec in pod {pod}", stream,
+        resp = self._call(f"exec in pod {pod}", self._stream,
                           self.core.connect_get_namespaced_pod_exec, pod, self.namespace,
                           container=container,
                           command=["python3", "-c", READ_SCRIPT, path, str(READ_MAX_BYTES)],
@@ -174,8 +177,6 @@ class KubeCluster:
 
     def exec_reader(self, pod_manifest: dict, command: list[str]) -> str:
         """Create the reader pod, run `command` in it, delete it; stdout as text."""
-        from kubernetes.stream import stream
-
         name = pod_manifest["metadata"]["name"]
         self._call("creating the reader pod", self.core.create_namespaced_pod, self.namespace,
                    pod_manifest)
@@ -190,7 +191,7 @@ class KubeCluster:
                     raise ClusterError(f"reader pod {name} did not start (phase "
                                        f"{pod.status.phase}); is the results claim bound?")
                 time.sleep(2)
-            resp = self._call("exec in the reader pod", stream,
+            resp = self._call("exec in the reader pod", self._stream,
                               self.core.connect_get_namespaced_pod_exec, name, self.namespace,
                               container="reader", command=command, stderr=True, stdin=False,
                               stdout=True, tty=False, _preload_content=False)

@@ -21,6 +21,8 @@ from k3infra.pod_env import PRE_ENGINE_ENV_NAMES
 from k3infra.receipt import NOTHING_MEASURED, Receipt, image_repository
 from k3infra.serving.manifests import RECEIPT_SHA_ANNOTATION
 from k3infra.serve_argv import SERVING_CONTAINER, parse_serve, serve_argv  # noqa: F401
+from k3infra import topology
+from k3infra.serving.group import multi_node_args
 
 if TYPE_CHECKING:                     # a type only: drift compares, bench computes
     from k3infra.bench.compare import Comparison
@@ -129,9 +131,6 @@ def group_drift(lws: dict, receipt: Receipt,
     """A multi-node replica (LeaderWorkerSet): its size, then each template's vLLM
     container as statefulset_drift judges a node's, once vLLM's multi-node arguments
     (exactly k3infra.serving.group.multi_node_args) are taken off the end."""
-    from k3infra import topology
-    from k3infra.serving.group import multi_node_args
-
     out: list[DriftRow] = []
     area = "group"
     name = (lws.get("metadata") or {}).get("name", "?")

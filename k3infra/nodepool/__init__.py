@@ -10,7 +10,10 @@ __all__ = ["PROVIDERS", "NodeSku", "PoolSpec", "node_sku", "pool_spec", "B300Nod
 
 
 def __getattr__(name: str):
-    if name == "B300NodePool":   # lazy: the component imports pulumi-kubernetes
+    # Lazy: the component imports the Pulumi SDK and pulumi-kubernetes (0.19 s, python -X
+    # importtime), and every import of a k3infra.nodepool module runs this file first,
+    # a pure one (base: the pool specs) too.
+    if name == "B300NodePool":
         from k3infra.nodepool.component import B300NodePool
         return B300NodePool
     raise AttributeError(name)

@@ -17,6 +17,7 @@ against a live cluster here (docs/clouds.md).
 """
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -58,8 +59,6 @@ def eks_kubeconfig(name: str, endpoint: str, ca_base64: str) -> str:
 
 
 def nebius_kubeconfig(cluster_id: str, endpoint: str, ca_pem: str) -> str:
-    import base64
-
     return exec_kubeconfig(cluster_id, endpoint, base64.b64encode(ca_pem.encode()).decode(),
                            "nebius", ["mk8s", "cluster", "get-token", "--format", "json"])
 
@@ -67,6 +66,8 @@ def nebius_kubeconfig(cluster_id: str, endpoint: str, ca_pem: str) -> str:
 def kubeconfig(cfg: StackConfig) -> Any:
     """Kubeconfig (an Output) of the cluster the pool targets; None: the default one."""
     pool = cfg.node_pool
+    # Each cloud SDK here, not at the top: optional dependencies (the aws, oci and nebius
+    # extras), the one the stack's provider needs installed alone.
     if pool.provider == "aws":
         import pulumi_aws as aws
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import shlex
 
+from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
+
 MD_NAME = "k3-local"
 
 _SCRIPT = r"""# k3infra: local NVMe -> RAID0 -> @ROOT@ (node-local Kimi K3 weights)
@@ -41,8 +43,6 @@ fi
 def own_root_script(root: str) -> str:
     """The weights root belongs to the engine image's user: the prefetch and the gate run
     as that uid, and the kubelet would create a missing hostPath root-owned."""
-    from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
-
     q = shlex.quote(root)
     return f"mkdir -p {q}\nchown {ENGINE_UID}:{ENGINE_GID} {q}\nchmod 0750 {q}\n"
 

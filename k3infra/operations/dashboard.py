@@ -19,7 +19,7 @@ from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
 from k3infra.operations.monitoring import VLLM_CONTAINER, reference_latency
-from k3infra.receipt import NOTHING_MEASURED, Receipt
+from k3infra.receipt import NOTHING_MEASURED, Receipt, load_receipt
 
 UID = "kimi-k3-vllm"
 FILE_NAME = f"{UID}.json"
@@ -216,8 +216,6 @@ def dashboard_configmap(receipt: Receipt, cfg: StackConfig, names: naming.Servin
 
 def main(argv: list[str]) -> int:
     """Write the dashboard JSON (the committed copy under charts/dashboards/)."""
-    from k3infra.receipt import load_receipt
-
     if len(argv) != 1:
         print("usage: python -m k3infra.operations.dashboard OUT.json", file=sys.stderr)
         return 2

@@ -7,11 +7,19 @@ the kubernetes client); stackwrite writes the stack file, comments and order kep
 """
 from __future__ import annotations
 
+import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from k3infra.config import StackConfig
 from k3infra.receipt import Receipt
+from k3infra.engine.component import lock_gates
+from k3infra.gates import is_placeholder
+from k3infra.pins.cluster import ClusterError, api_server_cidrs
+from k3infra.pins.gitref import RefError, pr_ref
+from k3infra.pins.hub import HubError
+from k3infra.pins.oci import NODE_PLATFORM, ResolveError, parse_ref
 
 # Row states. Only RESOLVED (a placeholder or an unset key, with a value found) is written.
 RESOLVED = "resolved"
@@ -68,9 +76,6 @@ def _digest(image: str) -> Optional[str]:
 
 
 def image_pin(key: str, image: str, resolve: Callable) -> Pin:
-    from k3infra.gates import is_placeholder
-    from k3infra.pins.oci import NODE_PLATFORM, ResolveError, parse_ref
-
     pin = Pin(key, image, path=key_path(key))
     if "@" in image and ":" not in image.split("@", 1)[0].rsplit("/", 1)[-1]:
         pin.state, pin.source = NOT_DONE, "pinned by digest alone: no tag to re-resolve"
@@ -96,8 +101,6 @@ def image_pin(key: str, image: str, resolve: Callable) -> Pin:
 
 
 def engine_commit_pin(cfg: StackConfig, receipt: Receipt, ls_remote: Callable) -> Optional[Pin]:
-    from k3infra.pins.gitref import RefError, pr_ref
-
     e, recorded = receipt.engine, cfg.engine.commit
     if cfg.engine.build == "prebuilt" and recorded is None:
         return None
@@ -131,9 +134,6 @@ def engine_commit_pin(cfg: StackConfig, receipt: Receipt, ls_remote: Callable) -
 
 def revision_pin(cfg: StackConfig, receipt: Receipt, branch_commit: Callable, branch: str,
                  take: bool) -> Optional[Pin]:
-    from k3infra.gates import is_placeholder
-    from k3infra.pins.hub import HubError
-
     if not is_placeholder(cfg.weights_revision):
         return None          # a commit is a pin already; nothing upstream can move it
     pin = Pin("k3:weightsRevision", cfg.weights_revision, path=key_path("k3:weightsRevision"))
@@ -154,8 +154,6 @@ def revision_pin(cfg: StackConfig, receipt: Receipt, branch_commit: Callable, br
 
 
 def cidrs_pin(cfg: StackConfig, api_factory: Callable) -> Optional[Pin]:
-    from k3infra.pins.cluster import ClusterError, api_server_cidrs
-
     if cfg.engine.build != "in-cluster":
         return None
     recorded = list(cfg.engine.api_server_cidrs)
@@ -177,8 +175,6 @@ def cidrs_pin(cfg: StackConfig, api_factory: Callable) -> Optional[Pin]:
 
 
 def lock_pins(cfg: StackConfig, recipe, commit: Optional[str]) -> list[Pin]:
-    from k3infra.engine.component import lock_gates
-
     if cfg.engine.build == "prebuilt":
         return []
     commit = commit or "<k3:engine.commit>"
@@ -192,9 +188,6 @@ def lock_pins(cfg: StackConfig, recipe, commit: Optional[str]) -> list[Pin]:
 
 def updated_raw(raw: dict[str, Any], pins: list[Pin]) -> dict[str, Any]:
     """The stack's config with each writable pin set (a deep copy; objects merged)."""
-    import copy
-    import json
-
     out = copy.deepcopy(raw)
     for pin in pins:
         if not pin.writable:

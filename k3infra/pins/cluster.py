@@ -13,6 +13,9 @@ class ClusterError(RuntimeError):
 
 
 def discovery_api(kubeconfig: str | None = None):
+    # Here, not at the top: the kubernetes client is optional (the `cluster` extra) and
+    # takes 0.54 s to import (python -X importtime); only `pins --resolve` of the API
+    # server's CIDRs reads a cluster.
     from kubernetes import client, config
 
     try:

@@ -24,9 +24,10 @@ from typing import Annotated, Optional
 
 from pydantic import Field
 
-from k3infra.fileformats import FileFormatError, FileModel, Text, validate
+from k3infra.fileformats import FileFormatError, FileModel, Text, validate, json_value
 from k3infra.httpclient import (Credential, Deadline, HttpClient, HttpError, credential_for,
                                 is_loopback)
+from k3infra.pins.mirrors import DOCKER_HUB as HUB_NAME, MirrorConfigError, endpoints
 
 DOCKER_HUB = "registry-1.docker.io"
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
@@ -178,8 +179,6 @@ class Resolved:
 
 def targets(image: str) -> list[ImageRef]:
     """Where to ask for the image's tag: its registries.conf mirrors, then its registry."""
-    from k3infra.pins.mirrors import DOCKER_HUB as HUB_NAME, MirrorConfigError, endpoints
-
     ref = parse_ref(image)
     try:
         found, rest = endpoints(ref.qualified)
@@ -249,8 +248,6 @@ def _resolve_at(http: HttpClient, ref: ImageRef, platform: tuple[str, str]) -> R
 
 
 def _parsed(ref: ImageRef, resp, model):
-    from k3infra.fileformats import json_value
-
     try:
         return validate(json_value(resp.body, resp.url, "registry answer"), model, resp.url)
     except FileFormatError as exc:

@@ -6,6 +6,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from k3infra.config.stackfile import STACK_FILE_MAX_BYTES
 from k3infra.podcommon import read_regular
 
@@ -14,14 +16,20 @@ class StackWriteError(RuntimeError):
     """The stack file cannot take the value where it belongs; the message says why."""
 
 
-def _yaml():
+def _ruamel():
+    """ruamel.yaml's YAML class and its comments and scalarstring modules."""
+    # Here, not at the top: ruamel.yaml is optional (the `pins` extra), needed by
+    # `pins --write` only.
     try:
-        from ruamel.yaml import YAML
+        from ruamel.yaml import YAML, comments, scalarstring
     except ImportError:
         raise StackWriteError("--write needs ruamel.yaml: pip install -c constraints.txt "
                               "-e '.[pins]'") from None
+    return YAML, comments, scalarstring
 
-    yaml = YAML()               # round-trip mode: comments, order, quoting kept
+
+def _yaml():
+    yaml = _ruamel()[0]()               # round-trip mode: comments, order, quoting kept
     yaml.preserve_quotes = True
     yaml.width = 4096           # never fold a long image reference
     yaml.indent(mapping=2, sequence=4, offset=2)
@@ -31,9 +39,9 @@ def _yaml():
 def set_values(path: Path, values: list[tuple[tuple[str, ...], Any]]) -> str:
     """The stack file's text with each (config path, value) set; objects created as
     needed under `config:`. Returns the new text; the caller writes it."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
-
     yaml = _yaml()
+    comments = _ruamel()[1]
+    CommentedMap, CommentedSeq = comments.CommentedMap, comments.CommentedSeq
     try:    # the one bounded reader (the strict loader has already read this file)
         text = read_regular(str(path), STACK_FILE_MAX_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -63,11 +71,8 @@ def set_values(path: Path, values: list[tuple[tuple[str, ...], Any]]) -> str:
 def _scalar(value: Any) -> Any:
     """A string YAML would read back as something else (a commit of digits and one `e`
     is a float) is written double-quoted."""
-    import yaml
-    from ruamel.yaml.scalarstring import DoubleQuotedScalarString
-
     if isinstance(value, str) and yaml.safe_load(value) != value:
-        return DoubleQuotedScalarString(value)
+        return _ruamel()[2].DoubleQuotedScalarString(value)
     return value
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, version as dist_version
 from pathlib import Path
 from typing import Any, Optional
@@ -32,8 +34,6 @@ def package_version() -> str:
     """k3infra's version: the source tree's pyproject.toml (a source-based package runs
     the files beside it), else the installed distribution's."""
     if PYPROJECT.exists():
-        import tomllib
-
         return tomllib.loads(PYPROJECT.read_text())["project"]["version"]
     try:
         return dist_version("k3infra")
@@ -69,6 +69,4 @@ class K3Provider(ComponentProvider):
 
 
 def main(args: Optional[list[str]] = None) -> None:
-    import sys
-
     serve(K3Provider(), sys.argv[1:] if args is None else args)

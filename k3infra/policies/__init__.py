@@ -13,6 +13,7 @@ pack's own process, which the Pulumi CLI starts with the user's environment.
 """
 from __future__ import annotations
 
+import pulumi_policy
 from pulumi_policy import EnforcementLevel, Policy
 
 from k3infra.policies import (cluster_objects, drift, engine, exposure, gateway, gating, hardware,
@@ -52,8 +53,7 @@ def level(p: Policy) -> EnforcementLevel:
 
 def serve_pack() -> None:
     """Start the analyzer server (blocks; what `pulumi preview --policy-pack` runs)."""
-    from pulumi_policy import PolicyPack
-
-    PolicyPack(name=PACK_NAME, policies=list(POLICIES),
-               enforcement_level=EnforcementLevel.MANDATORY,
-               description=DESCRIPTION)
+    # Looked up on the module when called: tests replace pulumi_policy.PolicyPack.
+    pulumi_policy.PolicyPack(name=PACK_NAME, policies=list(POLICIES),
+                             enforcement_level=EnforcementLevel.MANDATORY,
+                             description=DESCRIPTION)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidationArgs,
                            ResourceValidationPolicy)
+from pulumi.runtime import config as runtime_config
 
 from k3infra.fieldtypes import is_wildcard
 from k3infra.policies.images import image_problem
@@ -33,8 +34,6 @@ GATE_ENV_PREFIX = "K3_"
 
 def _config_bool(key: str) -> bool:
     """A `k3:host` setting as the program saw it (the analyzer has the stack's config)."""
-    from pulumi.runtime import config as runtime_config
-
     raw = runtime_config.get_config("k3:host")
     if not raw:
         return False

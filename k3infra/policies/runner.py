@@ -23,10 +23,17 @@ from typing import Any, Iterable, Optional, Union
 from pydantic import Field, RootModel
 
 from k3infra.fileformats import FileModel, Text, load_json, validate
+from k3infra.config import to_pulumi_config
+from k3infra.policies import POLICIES
 
 from pulumi_policy import (EnforcementLevel, Policy, PolicyCustomTimeouts, PolicyResource,
                            PolicyResourceOptions, ResourceValidationArgs,
                            ResourceValidationPolicy, StackValidationArgs, StackValidationPolicy)
+from google.protobuf import json_format, struct_pb2
+from pulumi.runtime import config as runtime_config
+from pulumi_policy.deserialize import deserialize_properties
+from pulumi_policy.policy import _NotApplicableError
+from pulumi_policy.proxy import unknown_checking_proxy, UnknownValueError
 
 STACK_WIDE = "(stack)"
 
@@ -159,10 +166,6 @@ def reconcile_config(policies: list[Policy],
 def wire_props(inputs: Mapping[str, Any]) -> Any:
     """Inputs as the analyzer sees them: through a protobuf Struct, deserialized and
     wrapped in the proxy that raises on values unknown during a preview."""
-    from google.protobuf import json_format, struct_pb2
-    from pulumi_policy.deserialize import deserialize_properties
-    from pulumi_policy.proxy import unknown_checking_proxy
-
     struct = struct_pb2.Struct()
     struct.update(dict(inputs))
     return unknown_checking_proxy(deserialize_properties(json_format.MessageToDict(struct)))
@@ -212,10 +215,6 @@ def _display(resource_type: str, name: str) -> str:
 def loaded_stack_config(config: Mapping[str, Any]) -> Iterator[None]:
     """The plan's `k3:*` config in pulumi.runtime (as PULUMI_CONFIG puts it there in the
     analyzer process) for the duration, the previous config restored after."""
-    from pulumi.runtime import config as runtime_config
-
-    from k3infra.config import to_pulumi_config
-
     saved = dict(runtime_config.CONFIG.get())
     runtime_config.set_all_config(to_pulumi_config(dict(config)))
     try:
@@ -242,11 +241,8 @@ def check_plan(plan: Mapping[str, Any], policies: Optional[Iterable[Policy]] = N
     # pulumi-policy exports no public type for it; the analyzer server catches the same
     # class. `make e2e` runs the pack through the real analyzer (`pulumi preview
     # --policy-pack`), so a change in the SDK shows there first.
-    from pulumi_policy.policy import _NotApplicableError
-    from pulumi_policy.proxy import UnknownValueError
 
     if policies is None:
-        from k3infra.policies import POLICIES
         policies = POLICIES
     policies = list(policies)
     settings = reconcile_config(policies, pack_config)

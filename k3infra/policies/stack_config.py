@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
+from pulumi.runtime import config as runtime_config
 
 from k3infra.config import (CONFIG_NAMESPACE, ColdStartConfig, ConfigError, GatewayConfig,
-                            ServingConfig, WeightsConfig, decode_value)
+                            ServingConfig, WeightsConfig, decode_value, MultiNodeConfig,
+                            parse_stack_config, SECRET_KEYS)
+from k3infra.receipt import stack_receipt
 
 
 def value(key: str) -> Any:
     """`k3:<key>` decoded (JSON objects, booleans, numbers), or None when unset."""
-    from pulumi.runtime import config as runtime_config
-
     full_key = f"{CONFIG_NAMESPACE}:{key}"
     raw = runtime_config.get_config(full_key)
     try:
@@ -89,8 +90,6 @@ def effective_profile(annotation: Optional[str]) -> str:
 
 def multi_node_domain_label() -> str:
     """k3:multiNode.domainLabel, or the default the builders use."""
-    from k3infra.config import MultiNodeConfig
-
     return _section("multiNode", MultiNodeConfig).domain_label
 
 
@@ -105,8 +104,6 @@ def project_root() -> Path:
 def receipt():
     """The receipt the stack names (k3:receipt), resolved as the program resolves it; read
     each time a policy runs. A bad name or file raises ReceiptError (one line)."""
-    from k3infra.receipt import stack_receipt
-
     name = value("receipt")
     return stack_receipt(name if isinstance(name, str) else None, project_root()).receipt
 
@@ -115,11 +112,6 @@ def stack():
     """The whole `k3:*` config parsed as the program parses it (StackConfig), or None when
     there is none or the program would refuse it. Secrets are stood in for: no policy
     reads them, and `k3infra policy check` has only their placeholder."""
-    from pulumi.runtime import config as runtime_config
-
-    from k3infra.config import parse_stack_config
-    from k3infra.config import SECRET_KEYS
-
     keys = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     raw = {k: runtime_config.get_config(k) for k in keys if k.startswith(f"{CONFIG_NAMESPACE}:")}
     if not raw:

@@ -26,6 +26,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from k3infra.fieldtypes import SHA256_DIGEST, Sha256Hex
+from k3infra.fileformats import FileFormatError, decode_text, read_bytes
 
 # The receipt a stack runs when it names none (`k3:receipt` unset): the measured one.
 DEFAULT_RECEIPT = "kimi-k3-8xb300-2026-07-29"
@@ -412,8 +413,6 @@ class ChosenReceipt:
 
 
 def _read(path: Path, named: str) -> Receipt:
-    from k3infra.fileformats import FileFormatError, read_bytes
-
     try:      # the one bounded reader: a FIFO, a device or a huge file is refused
         raw = read_bytes(path, "receipt")
     except FileFormatError as exc:
@@ -484,11 +483,12 @@ def load_receipt(path: Optional[str] = None) -> Receipt:
 @functools.lru_cache(maxsize=None)
 def _parse(raw: bytes, path: str, named: str) -> Receipt:
     """A receipt from its bytes (cached by them: an edited file is parsed again)."""
+    # yaml here, not at the top: 0.04 s to import (python -X importtime), which `k3infra
+    # startup` (it loads this module, never a receipt file) does not pay.
     import yaml
 
-    # Here, not at the top: k3infra.config imports this module.
+    # Here, not at the top: an import cycle (k3infra.config imports this module).
     from k3infra.config.stackfile import StackFileError, strict_yaml
-    from k3infra.fileformats import FileFormatError, decode_text
 
     try:    # the strict YAML loader of the stack files (issue 48)
         data = strict_yaml(decode_text(raw, path, "receipt"), Path(path))

@@ -7,6 +7,8 @@ object store: imported by k3weights.store alone), and import each other relative
 file must stay import-light: no pulumi, pydantic or rich here.
 """
 
+from pathlib import Path
+
 # The files the ConfigMap ships (k3infra/weights/manifests.py reads this tuple).
 RUNTIME_FILES = ("__init__.py", "tree.py", "verify.py", "gate.py", "store.py", "sources.py",
                  "hubapi.py", "prefetch.py", "__main__.py")
@@ -17,7 +19,5 @@ SHARED_FILES = ("podcommon.py", "httpclient.py")
 
 def runtime_paths() -> dict:
     """Every file of the pod runtime package: shipped name -> source path."""
-    from pathlib import Path
-
     here = Path(__file__).resolve().parent
     return {**{n: here / n for n in RUNTIME_FILES}, **{n: here.parent / n for n in SHARED_FILES}}

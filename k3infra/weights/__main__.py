@@ -10,7 +10,11 @@ import argparse
 import os
 import sys
 
-from . import tree
+from . import gate, tree, verify
+
+# .prefetch and .sources are imported by the commands that download (lock --hub,
+# prefetch), not here: they bring the HTTP client (http.client, ssl, email, logging:
+# +0.05 s, python -X importtime), which `verify` and `gate` never use.
 
 PROG = f"python3 -m {__package__ or 'k3weights'}"
 
@@ -136,26 +140,23 @@ def _lock(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise tree.LockError(f"--out {tree.describe_oserror(exc)}") from None
     if args.hub:
-        from .prefetch import lock_from_hub
-
-        from .sources import lock_client, lock_from_sources, parse_sources
+        from . import prefetch, sources as sources_mod      # the HTTP client: see the top
 
         if not args.revision:
             raise tree.LockError("--hub needs --revision <40-hex commit>")
-        client = lock_client(args)
-        lock = lock_from_sources(parse_sources(args.sources), args.hub, args.revision, emit=_out,
-                                 client=client, hub_lock=lambda: lock_from_hub(
-                                     args.hub, args.revision, emit=_out, client=client))
+        client = sources_mod.lock_client(args)
+        lock = sources_mod.lock_from_sources(
+            sources_mod.parse_sources(args.sources), args.hub, args.revision, emit=_out,
+            client=client, hub_lock=lambda: prefetch.lock_from_hub(
+                args.hub, args.revision, emit=_out, client=client))
     else:
-        from .verify import lock_from_dir
-
         revision = args.revision or tree.revision_from_hf_metadata(args.dir)
         if not revision:
             raise tree.LockError(f"{args.dir}: no --revision given and none recorded by "
                                  "huggingface_hub in the tree; pass --revision <40-hex commit>")
         if not args.repo:
             raise tree.LockError("a local tree needs --repo <owner>/<name>")
-        lock = lock_from_dir(args.dir, args.repo, revision, workers=args.workers, emit=_out)
+        lock = verify.lock_from_dir(args.dir, args.repo, revision, workers=args.workers, emit=_out)
     try:
         tree.atomic_write(args.out, tree.lock_to_json(lock).encode("utf-8"))
     except OSError as exc:      # the one output writer's refusal (a device, a FIFO...)
@@ -166,8 +167,6 @@ def _lock(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from . import verify
-
     lock, _sha = tree.load_lock(args.lock)
     if args.require_marker:
         problem = verify.marker_problem(args.dir, lock)
@@ -185,8 +184,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from . import gate
-
     try:
         report = gate.run_gate(args.dir, args.lock, expect_digest=args.expect_digest,
                                repo=args.repo, revision=args.revision, mode=args.mode,
@@ -203,10 +200,9 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _prefetch(args: argparse.Namespace) -> int:
-    from . import prefetch
-    from .sources import parse_sources
+    from . import prefetch, sources as sources_mod      # the HTTP client: see the top
 
-    sources = parse_sources(args.sources)
+    sources = sources_mod.parse_sources(args.sources)
     lock, lock_sha = tree.load_lock(args.lock)
     if args.expect_digest and lock.tree_digest != args.expect_digest:
         raise tree.LockError(f"not the measured tree: lock {args.lock} describes "

@@ -49,14 +49,15 @@ class Hub:
     """The Hub (or a mirror: HF_ENDPOINT, k3:weights.hubEndpoint) through `client`."""
 
     def __init__(self, client: HttpClient, endpoint: Optional[str] = None, token=None):
-        from huggingface_hub import constants
-        from huggingface_hub.utils import build_hf_headers
+        # Here, not at the top: huggingface_hub takes 0.25 s to import (python -X
+        # importtime) and reads HF_* variables then; hub_environment() sets them first.
+        from huggingface_hub import constants, utils
 
         self.client = client
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         client.allow_http(self.endpoint)        # the user named it, scheme included
         client.check_url(self.endpoint, "Hub endpoint")
-        headers = {k.lower(): v for k, v in build_hf_headers(token=token).items()}
+        headers = {k.lower(): v for k, v in utils.build_hf_headers(token=token).items()}
         auth = headers.pop("authorization", None)
         self.headers = {k: v for k, v in headers.items() if k == "user-agent"}
         self.credential = credential_for(self.endpoint, "Authorization", auth) if auth else None

@@ -34,8 +34,10 @@ import obstore
 
 from k3infra.weights import store as store_mod
 from k3infra.weights import tree, verify
-from k3infra.weights.hubapi import HubError
+from k3infra.weights.hubapi import HubError, Hub
 from k3infra.weights.tree import FileEntry, Lock, Problem
+from k3infra.weights.prefetch import hub_environment
+from k3infra.weights.sources import http_client
 
 # User metadata on every object this command uploads: letters and digits only, since
 # Azure takes C# identifiers as metadata names (Azurite refused `k3-sha256`).
@@ -87,10 +89,6 @@ class _FromHub:
     verified = True                     # the bytes were held to the lock while streamed
 
     def __init__(self, lock: Lock, staging: str, token: Optional[str], seconds: float):
-        from k3infra.weights.hubapi import Hub
-        from k3infra.weights.prefetch import hub_environment
-        from k3infra.weights.sources import http_client
-
         hub_environment()
         self.lock, self.staging = lock, staging
         # HF_ENDPOINT read now, not at huggingface_hub's import: the endpoint of this run.

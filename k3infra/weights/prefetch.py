@@ -68,11 +68,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 from urllib.parse import urlsplit
+import datetime
+import fcntl
+import inspect
+import re
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from importlib import metadata
 
 from . import sources as sources_mod
 from . import store as store_mod
 from . import tree, verify
 from .tree import FileEntry, Lock, Problem
+from .hubapi import Hub, HubError
 
 FREE_BYTES_ENV = "K3_WEIGHTS_FREE_BYTES"
 STALL_ENV = "K3_DOWNLOAD_STALL_SECONDS"
@@ -101,15 +108,11 @@ HF_XET_MIN = (1, 5, 2)
 
 def _version(text: str) -> tuple:
     """(major, minor, patch) of a release string; a pre-release suffix is dropped."""
-    import re
-
     return tuple(int(re.match(r"\d*", piece).group() or 0) for piece in text.split(".")[:3])
 
 
 def xet_too_old() -> Optional[str]:
     """The installed hf_xet version when it is older than HF_XET_MIN, else None."""
-    from importlib import metadata
-
     try:
         installed = metadata.version("hf-xet")
     except metadata.PackageNotFoundError:
@@ -263,8 +266,6 @@ class _DirLock:
     second Job) never write the same tree at once. A filesystem without flock is refused."""
 
     def __init__(self, path: str, emit: Emit):
-        import fcntl
-
         # A directory, opened without blocking (a FIFO put there by a volume writer
         # must not hang the prefetch; O_DIRECTORY refuses it at once).
         self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
@@ -296,8 +297,6 @@ class StallWatch:
     later can never take the place of the one that replaced it."""
 
     def __init__(self, seconds: float):
-        import threading
-
         self.seconds = seconds
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -390,16 +389,18 @@ class _Fetcher:
     def __init__(self, lock: Lock, dest: str, endpoint: Optional[str], token: Optional[str]):
         self.watch: Optional[StallWatch] = None     # set by prefetch() for plain HTTP
         hub_environment()
-        from huggingface_hub import file_download
+        # Here, after hub_environment(), not at the top: huggingface_hub reads those
+        # variables when it is first imported; and it takes 0.25 s to import (python -X
+        # importtime), which `k3weights verify` and `gate` in a pod never pay.
+        from huggingface_hub import file_download, utils
 
-        self.fd = file_download
+        self.fd, self.hf_utils = file_download, utils
         self.lock, self.dest = lock, dest
         self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
         self.token = token
         self.xet = bool(getattr(file_download, "is_xet_available", lambda: False)())
         # The engine image pins its own huggingface_hub: pass `endpoint` only where the
         # installed version takes it (older ones read HF_ENDPOINT themselves).
-        import inspect
 
         takes = inspect.signature(file_download.get_hf_file_metadata).parameters
         self.meta_kw = {"endpoint": self.endpoint} if "endpoint" in takes else {}
@@ -424,9 +425,7 @@ class _Fetcher:
             return
         partial = partial_path(self.dest, entry)
         os.makedirs(os.path.dirname(partial), exist_ok=True)
-        from huggingface_hub.utils import build_hf_headers
-
-        headers = build_hf_headers(token=self.token)
+        headers = self.hf_utils.build_hf_headers(token=self.token)
         if _origin(meta.location) != _origin(url):
             headers.pop("authorization", None)      # a signed CDN URL: the token stays on the Hub
         watch = self.watch or StallWatch(STALL_SECONDS)
@@ -671,8 +670,6 @@ def _space_ok(dest: str, plan: Plan, report: PrefetchReport) -> bool:
 
 def _run(lock: Lock, dest: str, plan: Plan, report: PrefetchReport, *, workers, download_workers,
          overlap, attempts, fetcher, say, interval, watch: StallWatch) -> None:
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
     good: dict = {}          # this run's own stamps: path -> stamp + sha256
     tries: dict[str, int] = {}
     pending: dict = {}
@@ -833,7 +830,6 @@ def retry_after_seconds(exc: BaseException) -> Optional[float]:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    import datetime
 
     now = datetime.datetime.now(when.tzinfo or datetime.timezone.utc)
     return max((when - now).total_seconds(), 0.0)
@@ -867,12 +863,8 @@ def lock_from_hub(repo: str, revision: str, *, endpoint: Optional[str] = None,
     tree.check_repo(repo)
     tree.check_revision(revision)
     hub_environment()
-    from concurrent.futures import ThreadPoolExecutor
 
-    from .hubapi import Hub, HubError
-    from .sources import http_client
-
-    hub = Hub(client or http_client(), endpoint, token)
+    hub = Hub(client or sources_mod.http_client(), endpoint, token)
     try:
         sha = hub.commit(repo, revision)
         listed = hub.files(repo, revision)

@@ -31,6 +31,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
+from urllib.parse import urlsplit
 
 from . import store, tree
 from .tree import FileEntry, Lock
@@ -60,8 +61,6 @@ Emit = Callable[[str], None]
 def parse_sources(text: Optional[str]) -> list[str]:
     """`hub,http://a:8080` -> ["hub", "http://a:8080"]; an empty or missing list is the
     Hub alone. ValueError names the value and what is accepted."""
-    from urllib.parse import urlsplit
-
     masked = url_credentials(text or "")
     if masked is not None:        # first: every message below shows the value
         raise ValueError(f"sources {masked[:200]!r} {CREDENTIALS_IN_FLAG}")

@@ -265,7 +265,9 @@ def open_store(url: StoreUrl, options: Optional[StoreOptions] = None):
         if problem:
             raise StoreError(f"endpoint {opts.endpoint!r} {problem}")
     try:
-        from obstore.store import AzureStore, GCSStore, S3Store   # only pods that read a store need it
+        # Here and in _obstore, not at the top: obstore is optional (the `store` extra;
+        # a released vLLM image lacks it), needed only by pods that read a store.
+        from obstore.store import AzureStore, GCSStore, S3Store
     except ImportError:
         raise StoreError("obstore is not installed in this image: k3:weights.store needs it (the "
                          "shipped recipe's runtime.lock carries it; a released vLLM image does "
@@ -320,15 +322,13 @@ class ObjectReader:
                                         thread_name_prefix="k3-store")
 
     def size(self, key: str) -> int:
-        import obstore
-
-        return int(obstore.head(self.store, key)["size"])
+        return int(_obstore().head(self.store, key)["size"])
 
     def read_ordered(self, key: str, start: int, end: int) -> Iterator[memoryview]:
         """Bytes [start, end) of `key`, in order, as buffers of at most part_bytes; up to
         `parts` ranged GETs in flight. A short or failed part raises (the caller resumes
         from what it wrote)."""
-        import obstore
+        obstore = _obstore()
 
         def get(lo: int, hi: int):
             data = obstore.get_range(self.store, key, start=lo, end=hi)
@@ -353,14 +353,19 @@ class ObjectReader:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _obstore():
+    """The obstore module, imported once a store is used (see open_store)."""
+    import obstore
+
+    return obstore
+
+
 def fetch_lock(url: StoreUrl, repo: str, revision: str, store=None) -> tree.Lock:
     """The lock the mirror wrote beside the tree. Not trusted either: parsed (its digest
     recomputed from its file list), held to the pinned repo and revision here and to the
     pinned digest by check-lock.sh before a single shard is fetched."""
-    import obstore
-
     key = url.lock_key(repo, revision)
     store = store if store is not None else open_store(url)
     # One byte past the bound at most: a huge object is refused without being read whole.
-    raw = bytes(obstore.get_range(store, key, start=0, end=tree.LOCK_MAX_BYTES + 1))
+    raw = bytes(_obstore().get_range(store, key, start=0, end=tree.LOCK_MAX_BYTES + 1))
     return tree.parse_served_lock(raw, url.where(key), repo, revision, tree.LOCK_MAX_BYTES)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import sys
 import threading
 import time
@@ -69,8 +71,7 @@ def _idle_worker(parent: int) -> None:
         except OSError:
             pass
     if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+        import ctypes       # in the hashing process only: see Hasher.__init__
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
@@ -92,10 +93,14 @@ class Hasher:
         self._local = threading.local()
         self._cpu_lock = threading.Lock()
         self.cpu_seconds = 0.0
+        # The pools' modules here, not at the top: only the prefetch hashes through a
+        # Hasher, and `verify` (verify_tree) never loads concurrent.futures,
+        # multiprocessing, ctypes and what they bring (pickle, socket, subprocess,
+        # logging: ~0.03 s, python -X importtime).
+        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
         if background:
             import multiprocessing
-            import resource
-            from concurrent.futures import ProcessPoolExecutor
 
             # spawn, not fork: this process runs download threads (fork would copy their locks).
             self._children_cpu = _children_cpu(resource)
@@ -103,8 +108,6 @@ class Hasher:
                                             initargs=(os.getpid(),),
                                             mp_context=multiprocessing.get_context("spawn"))
         else:
-            from concurrent.futures import ThreadPoolExecutor
-
             self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="k3-hash")
 
     def _buf(self) -> bytearray:
@@ -131,8 +134,6 @@ class Hasher:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         if self.background:         # the workers have exited and been waited for: counted
-            import resource
-
             self.cpu_seconds += _children_cpu(resource) - self._children_cpu
             self._children_cpu = _children_cpu(resource)
 
@@ -240,7 +241,10 @@ def marker_problem(root: str, lock: Lock) -> str | None:
 
 
 def write_marker(root: str, lock: Lock, lock_sha256: str) -> dict:
-    import datetime     # here, not at import: the verify and gate paths never write a marker
+    # Here, not at import: the verify and gate paths never write a marker, and what they
+    # do not need costs every pod's gate start-up (issue 18, ~25 ms with the rest;
+    # tests/test_weights_runtime.py).
+    import datetime
 
     data = {"format": MARKER_FORMAT, "algorithm": tree.ALGORITHM, "tree_digest": lock.tree_digest,
             "lock_sha256": lock_sha256, "repo": lock.repo, "revision": lock.revision,
