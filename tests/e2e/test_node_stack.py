@@ -51,6 +51,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -594,8 +595,15 @@ def test_up_waits_for_the_prefetch_and_the_ready_pod(stack, node, store, hub):
     done_line = next(line for line in prefetch_logs(node).splitlines()
                      if line.startswith("prefetch OK"))
     print(f"the restarted prefetch: {done_line}")
-    # Only the refused file came again; the others were kept (re-hashed).
-    assert "downloaded 1 files" in done_line and f"the store {store_node.url(store)}" in done_line
+    # Only the refused file came again; the others were kept (re-hashed). How many times it
+    # came depends on a race: the restarted run may fetch it once more before the watcher's
+    # restore lands (refused again, then fetched), so count what was kept, not the downloads.
+    counts = re.search(r": (\d+) files, .*; downloaded (\d+) files .*, (\d+) already present",
+                       done_line)
+    assert counts, done_line
+    files, downloaded, kept = map(int, counts.groups())
+    assert kept == files - 1 and downloaded >= 1, done_line
+    assert f"the store {store_node.url(store)}" in done_line
     hub_gets = [(p, h.role) for p in hub.files for h in hub.gets(p)]
     assert not hub_gets, f"with a store the stack read the Hub: {hub_gets}"
 
