@@ -21,10 +21,12 @@ from conftest import GOOD_REVISION, ROOT
 def _recipe_with_locks() -> str:
     """images/ as shipped, plus stand-in lock files (the real ones are compiled per engine
     commit by a maintainer; their absence is tested below)."""
+    import atexit
     import shutil
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix="k3-recipe-"))
+    atexit.register(shutil.rmtree, d, True)     # made at import, for the whole run
     for name in ec.RECIPE_FILES:
         if name in ec.LOCK_FILES:
             (d / name).write_text(f"# stand-in {name}\nexample==1.0 --hash=sha256:{'0' * 64}\n")
