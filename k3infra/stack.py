@@ -34,17 +34,17 @@ from k3infra.accuracy.component import AccuracySmoke
 from k3infra.bench.component import Benchmark, RolloutGate
 from k3infra.componentargs import StackConfigArgs, top_level_args
 from k3infra.config import ConfigError, StackConfig
-from k3infra.engine import EngineBuild, engine_gates, resolve_engine
+from k3infra.engine import EngineBuild, engine_gates
 from k3infra.engine.component import engine_recipe
 from k3infra.gateway.auth import key_policy_note
 from k3infra.gateway.component import InferenceGateway
 from k3infra.gateway.picker import picker_gates
-from k3infra.hbm import hbm_fit
 from k3infra.inputs import StackInputs, stack_inputs
 from k3infra.kube import apply_manifest, child_options, mark_every_object
 from k3infra.nodepool.component import B300NodePool
 from k3infra.operations.autoscaling import scaling_warnings
 from k3infra.operations.component import ServingOperations
+from k3infra.plan import resolve_plan
 # The args type is derived from the config models (every k3:* key, Inputs where a value
 # may be wired), never written out again here.
 from k3infra.plugin.shapes import K3ServingStackArgs
@@ -108,15 +108,15 @@ class K3ServingStack(pulumi.ComponentResource):
         owns_namespace = naming.creates_namespace(cfg.namespace, cfg.create_namespace, instance)
         self.config = cfg
         self.inputs = inputs
-        self.fit = (topology.domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
-                    if topology.is_multi_node(cfg)
-                    else hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib))
-        m.check_shutdown(receipt, cfg)
+        # Every figure the children read, once (k3infra/plan.py); its refusals (HBM fit,
+        # k3:engine / k3:profile) come before the lock's and the gates'.
+        self.serving_plan = plan = resolve_plan(receipt, cfg, instance)
+        self.fit = plan.fit
+        m.check_shutdown(plan, cfg)
         lock = load_stack_lock(receipt, cfg, check_revision=not inputs.is_wired("weightsRevision"))
         lock_holder["lock"] = lock
-        plan = resolve_engine(receipt, cfg)   # k3:engine / k3:profile refusals, before anything
-        engine_recipe(plan, cfg)              # k3:engine.recipeDir read and checked, likewise
-        if (not owns_namespace and plan.mode == "in-cluster"
+        engine_recipe(plan.engine, cfg)       # k3:engine.recipeDir read and checked, likewise
+        if (not owns_namespace and plan.engine.mode == "in-cluster"
                 and cfg.engine.build_namespace is None):
             # The build namespace is always created by the instance: the default derived
             # from a namespace others share would be created by each of them.
@@ -128,11 +128,11 @@ class K3ServingStack(pulumi.ComponentResource):
         gates.enforce([g for g in gates.deployment_gates(receipt, cfg)
                        if g.key.split(":", 1)[1] not in inputs.wired] + engine_gates(receipt, cfg)
                       + picker_gates(cfg) + [g for g in [key_policy_note(cfg)] if g]
-                      + scaling_warnings(receipt, cfg),
+                      + scaling_warnings(plan, cfg),
                       offline_render)
         self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
 
-        if topology.is_multi_node(cfg):
+        if plan.multi_node:
             # Every Kubernetes object of the instance says it is not the measured configuration.
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(transformations=[
                 mark_every_object({"k3infra.dev/measured-configuration": "false",
@@ -143,7 +143,7 @@ class K3ServingStack(pulumi.ComponentResource):
         self.pool = B300NodePool(f"{name}-pool", {"config": inputs, "receipt": receipt,
                                                   "instance": instance},
                                  child_options(self, opts))
-        names = naming.ServingNames(instance, cfg.namespace, groups=topology.is_multi_node(cfg))
+        names = plan.names
 
         # Created only when this instance owns it (naming.creates_namespace); otherwise the
         # namespace is the user's: no edge, and destroying the instance leaves it.
@@ -157,13 +157,14 @@ class K3ServingStack(pulumi.ComponentResource):
         # NetworkPolicies first (no pod of the stack runs unpoliced), then the metrics
         # objects and dashboard that k3:monitoring asks for.
         self.operations = ServingOperations(f"{name}-operations", {
-            "receipt": receipt, "config": inputs, "names": names, "instance": instance}, in_ns)
+            "receipt": receipt, "config": inputs, "names": names, "instance": instance,
+            "plan": plan}, in_ns)
 
         # The engine image by digest: k3:engineImage, or the build's pushed digest.
         self.engine = EngineBuild(f"{name}-engine", {
             "config": inputs, "receipt": receipt, "base": instance,
             "labels": naming.labels(instance, "engine-build"), "gatesEnforced": True,
-            "offlineRender": offline_render}, in_ns)
+            "offlineRender": offline_render, "plan": plan}, in_ns)
         image: Any = self.engine.image
         secrets = [apply_manifest(f"{name}-api-key", m.api_key_secret(
             names, instance, pulumi.Output.secret(cfg.api_key.reveal())), in_ns),
@@ -185,7 +186,7 @@ class K3ServingStack(pulumi.ComponentResource):
         self.serving = VllmServing(f"{name}-serving", {
             "receipt": receipt, "config": inputs, "image": image,
             "weights": self.weights.parts_for, "names": names, "instance": instance,
-            "enginePins": self.engine.plan.pins(),
+            "enginePins": self.engine.plan.pins(), "plan": plan,
             "workloadDependsOn": [*self.weights.jobs, *secrets, self.pool]}, in_ns)
 
         # k3:rollout.gate: a change of the serving pods reaches the canary, is benchmarked
@@ -249,7 +250,7 @@ class K3ServingStack(pulumi.ComponentResource):
         self.image = pulumi.Output.from_input(image)
         self.profile = pulumi.Output.from_input(cfg.profile)
         self.topology = pulumi.Output.from_input(
-            topology.not_measured_text(receipt) if topology.is_multi_node(cfg)
+            topology.not_measured_text(receipt) if plan.multi_node
             else f"{topology.SINGLE_NODE}: {receipt.hardware.node} (the receipt's)")
         self.license_name = pulumi.Output.from_input(receipt.license.name)
         self.register_outputs(self.outputs())

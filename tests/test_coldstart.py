@@ -14,6 +14,7 @@ import pytest
 from k3infra import pod_env
 from k3infra.serving import start, startup
 from k3infra.serving.timeline import timeline
+from k3infra.plan import reference_latency
 from k3infra.summary import summary_rows
 from k3infra.serving.manifests import engine_command
 from k3infra.weights.manifests import GATE_CHECK
@@ -415,7 +416,8 @@ def test_startup_command_prints_each_pod_and_exits_1_on_a_phase_over_budget(monk
 def test_dashboard_panel_plots_time_to_ready_per_pod(receipt):
     from k3infra.operations import dashboard as d
 
-    (panel,) = [p for p in d.dashboard(receipt)["panels"] if p["title"] == "Cold start: time to Ready"]
+    board = d.dashboard(receipt, reference_latency(receipt))
+    (panel,) = [p for p in board["panels"] if p["title"] == "Cold start: time to Ready"]
     exprs = [t["expr"] for t in panel["targets"]]
     assert exprs == [
         'max by (pod) (kube_pod_status_ready_time{namespace="$namespace", pod=~"$pod"}) - '

@@ -94,7 +94,7 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
     written from the models: tests/test_config_reference.py)."""
     from k3infra.config import parse_stack_config
     from k3infra.receipt import load_receipt
-    from k3infra.serving import manifests as m
+    from k3infra.plan import drain_seconds
     from k3infra.serving.startup import startup_budget_seconds
 
     cfg = parse_stack_config({"k3:weightsRevision": "a" * 40, "k3:apiKey": "x",
@@ -109,7 +109,7 @@ def test_serving_doc_figures_are_the_derived_ones(receipt):
         assert f"| {p.name} | {p.formula.split(' = ')[0]} | {p.seconds} s |" in coldstart, p.name
     assert f"engine deadline {b.engine_seconds} s" in coldstart
     assert f"startupProbe {b.total_seconds} s" in coldstart
-    assert f"({m.drain_seconds(receipt, cfg)} s with the shipped receipt" in serving
+    assert f"({drain_seconds(receipt, cfg)} s with the shipped receipt" in serving
     assert f"(default {s.termination_grace_seconds} s)" in serving
     assert f"(default {s.resources.cpu})" in serving
     assert f"(default {s.resources.memory_gi} Gi)" in serving

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from k3infra.operations import dashboard as d
-from k3infra.operations.monitoring import reference_latency
+from k3infra.plan import reference_latency
 from k3infra.receipt import load_receipt, parse_receipt
 
 from conftest import GOOD_REVISION, ROOT, manifest, render
@@ -23,7 +23,7 @@ def panel(board: dict, title: str) -> dict:
 
 
 def test_committed_json_is_the_builders_output(receipt):
-    assert FILE.read_text() == d.dashboard_json(receipt), (
+    assert FILE.read_text() == d.dashboard_json(receipt, reference_latency(receipt)), (
         "charts/dashboards/kimi-k3-vllm.json is stale: regenerate it with "
         "`python -m k3infra.operations.dashboard charts/dashboards/kimi-k3-vllm.json`")
 
@@ -31,7 +31,7 @@ def test_committed_json_is_the_builders_output(receipt):
 def test_reference_lines_are_the_receipts_p50_and_p99(receipt):
     board = json.loads(FILE.read_text())
     ref = reference_latency(receipt)
-    legends = d.reference_legends(receipt)
+    legends = d.reference_legends(receipt, ref)
     targets = {t["legendFormat"]: t["expr"]
                for t in panel(board, "End-to-end request latency")["targets"]}
     assert float(targets[legends["p50"]].removeprefix("vector(").removesuffix(")")) == \
@@ -48,12 +48,13 @@ def test_reference_lines_follow_a_different_receipt():
     data = load_receipt().model_dump(by_alias=True)
     data["measured"] = [{**x, "p50_ms": 12000, "p99_ms": 15500} for x in data["measured"]]
     other = parse_receipt(data)
-    exprs = [t["expr"] for t in panel(d.dashboard(other), "End-to-end request latency")["targets"]]
+    board = d.dashboard(other, reference_latency(other))
+    exprs = [t["expr"] for t in panel(board, "End-to-end request latency")["targets"]]
     assert "vector(12.0)" in exprs and "vector(15.5)" in exprs
 
 
 def test_panels_cover_what_operating_k3_needs(receipt):
-    board = d.dashboard(receipt)
+    board = d.dashboard(receipt, reference_latency(receipt))
     titles = [p["title"] for p in board["panels"]]
     for title in ("Requests per second", "Running and waiting requests",
                   "End-to-end request latency", "Time to first token", "Inter-token latency",
@@ -71,7 +72,7 @@ def test_panels_cover_what_operating_k3_needs(receipt):
 
 
 def test_dashboard_structure_grafana_accepts(receipt):
-    board = d.dashboard(receipt)
+    board = d.dashboard(receipt, reference_latency(receipt))
     assert board["uid"] == d.UID and board["schemaVersion"] >= 36
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
@@ -94,7 +95,7 @@ def test_configmap_has_the_sidecar_label_and_the_json(receipt):
     cm = manifest(r, "ConfigMap", "kimi-k3-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["namespace"] == "kimi-k3"   # k3:namespace unset: the instance name
-    assert json.loads(cm["data"][d.FILE_NAME]) == d.dashboard(receipt)
+    assert json.loads(cm["data"][d.FILE_NAME]) == d.dashboard(receipt, reference_latency(receipt))
 
 
 def test_configmap_goes_where_grafana_looks():
@@ -112,7 +113,7 @@ def test_regenerate_command_writes_the_committed_file(tmp_path, receipt):
 def test_cost_panel_only_with_a_configured_node_rate(receipt):
     import promql_parser
 
-    titles = [p["title"] for p in d.dashboard(receipt)["panels"]]
+    titles = [p["title"] for p in d.dashboard(receipt, reference_latency(receipt))["panels"]]
     assert "USD per million generated tokens" not in titles           # no rate, no panel
     r = render("existing", PIN, 'monitoring={"dashboard": true, "nodeRateUsdPerHour": 90}')
     board = json.loads(manifest(r, "ConfigMap", "kimi-k3-dashboard")["data"][d.FILE_NAME])
@@ -125,7 +126,7 @@ def test_cost_panel_only_with_a_configured_node_rate(receipt):
     assert p["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
     assert "90 USD per node-hour" in p["description"]
     # the committed JSON (no rate) is unchanged by the option
-    assert json.loads(FILE.read_text()) == d.dashboard(receipt)
+    assert json.loads(FILE.read_text()) == d.dashboard(receipt, reference_latency(receipt))
 
 
 def test_node_rate_must_be_positive(tmp_path, capsys):

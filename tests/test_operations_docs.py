@@ -8,6 +8,7 @@ from k3infra.config import parse_stack_config
 from k3infra.receipt import load_receipt
 from k3infra.operations import monitoring as mon
 from k3infra.operations.metric_names import catalogue
+from k3infra.plan import resolve_plan
 from k3infra.serving import manifests as m
 from k3infra.serving.startup import startup_budget_seconds
 
@@ -23,7 +24,8 @@ def default_cfg():
 
 
 def test_every_alert_is_documented(receipt):
-    for rule in mon.alert_rules(receipt, default_cfg(), m.ServingNames(m.APP, "k3")):
+    cfg = default_cfg()
+    for rule in mon.alert_rules(resolve_plan(receipt, cfg), cfg, m.ServingNames(m.APP, "k3")):
         assert f"`{rule['alert']}`" in DOC, rule["alert"]
 
 
@@ -34,13 +36,14 @@ def test_every_listed_metric_is_documented():
 
 def test_quoted_figures_are_the_derived_ones(receipt):
     cfg = default_cfg()
-    ref = mon.reference_latency(receipt)
+    plan = resolve_plan(receipt, cfg)
+    ref = plan.reference
     assert f"p99 {ref.p99_ms:g} ms at concurrency {ref.concurrency}" in FLAT
-    assert f"fires above {mon.p99_threshold_seconds(receipt, cfg):.3f} s" in FLAT
+    assert f"fires above {plan.p99_threshold_seconds:.3f} s" in FLAT
     assert f"default {cfg.monitoring.p99_margin_pct:g} % margin" in FLAT
     assert f"p50 ({ref.p50_ms / 1000:g} s) and p99 ({ref.p99_ms / 1000:g} s)" in FLAT
     assert f"{startup_budget_seconds(receipt, cfg).total_seconds} s with the defaults" in FLAT
-    assert f"so it sleeps {m.drain_seconds(receipt, cfg)} s with the shipped receipt" in FLAT
+    assert f"so it sleeps {plan.drain_seconds} s with the shipped receipt" in FLAT
     assert f"default {cfg.serving.termination_grace_seconds})" in FLAT
     assert f"p99 {ref.p99_ms:g} ms at concurrency {ref.concurrency}, rounded up" in FLAT
 

@@ -14,6 +14,7 @@ from k3infra.receipt import load_receipt
 from k3infra.operations import dashboard as d
 from k3infra.operations import monitoring as mon
 from k3infra.operations.metric_names import catalogue, exposed_names, series
+from k3infra.plan import reference_latency, resolve_plan
 from k3infra.serving import manifests as m
 
 from conftest import GOOD_REVISION, ROOT
@@ -51,12 +52,13 @@ def all_rule_exprs(receipt) -> list[str]:
     for flags in ({}, {"dcgmExportedLabels": True}):
         c = parse_stack_config({"k3:weightsRevision": GOOD_REVISION, "k3:apiKey": "x",
                                 "k3:engineImage": IMAGE, "k3:monitoring": {**flags}}, receipt=load_receipt())
-        exprs += [r["expr"] for r in mon.alert_rules(receipt, c, m.ServingNames(m.APP, "k3"))]
+        exprs += [r["expr"] for r in mon.alert_rules(resolve_plan(receipt, c), c,
+                                                     m.ServingNames(m.APP, "k3"))]
     return exprs
 
 
 def dashboard_queries(receipt) -> list[str]:
-    board = d.dashboard(receipt)
+    board = d.dashboard(receipt, reference_latency(receipt))
     queries = [t["expr"] for p in board["panels"] for t in p["targets"]]
     queries += [v["query"]["query"] for v in board["templating"]["list"] if v["type"] == "query"]
     return [promql(q) for q in queries]

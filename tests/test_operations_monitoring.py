@@ -10,6 +10,7 @@ import pytest
 
 from k3infra.config import ConfigError, parse_stack_config
 from k3infra.operations import monitoring as mon
+from k3infra.plan import reference_latency, resolve_plan
 from k3infra.receipt import load_receipt, parse_receipt
 from k3infra.serving import manifests as m
 
@@ -34,7 +35,9 @@ def cfg(**keys):
 
 
 def rules(c=None, receipt=None) -> dict[str, dict]:
-    return {r["alert"]: r for r in mon.alert_rules(receipt or load_receipt(), c or cfg(), NAMES)}
+    c = c or cfg()
+    plan = resolve_plan(receipt or load_receipt(), c)
+    return {r["alert"]: r for r in mon.alert_rules(plan, c, NAMES)}
 
 
 def receipt_with_p99(p99_ms: float):
@@ -67,7 +70,8 @@ def test_monitoring_render_contains_servicemonitor_rule_and_dashboard():
     ({"dashboard": True}, set()),            # the ConfigMap comes from dashboard.py
 ])
 def test_each_flag_adds_only_its_objects(flags, kinds):
-    assert {o["kind"] for o in mon.monitoring_objects(load_receipt(), cfg(monitoring=flags),
+    c = cfg(monitoring=flags)
+    assert {o["kind"] for o in mon.monitoring_objects(resolve_plan(load_receipt(), c), c,
                                                       NAMES, "k3")} == kinds
 
 
@@ -113,7 +117,7 @@ def test_servicemonitor_selects_the_metrics_service_only_and_it_selects_the_pods
 def test_servicemonitor_and_rule_carry_the_configured_selector_labels():
     c = cfg(monitoring={"serviceMonitor": True, "prometheusRule": True,
                         "labels": {"release": "kube-prometheus-stack"}})
-    for obj in mon.monitoring_objects(load_receipt(), c, NAMES, "k3"):
+    for obj in mon.monitoring_objects(resolve_plan(load_receipt(), c), c, NAMES, "k3"):
         if obj["kind"] in ("ServiceMonitor", "PrometheusRule"):
             assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
@@ -129,7 +133,8 @@ def test_scrape_timeout_never_exceeds_the_interval(interval, timeout):
 # --- PrometheusRule shape ----------------------------------------------------------------
 
 def test_prometheusrule_shape():
-    rule = mon.prometheus_rule(load_receipt(), cfg(), NAMES, "k3")
+    c = cfg()
+    rule = mon.prometheus_rule(resolve_plan(load_receipt(), c), c, NAMES, "k3")
     assert set(rule) == {"apiVersion", "kind", "metadata", "spec"}
     assert rule["metadata"]["namespace"] == "k3"
     (group,) = rule["spec"]["groups"]
@@ -148,7 +153,7 @@ def test_prometheusrule_shape():
 def test_every_serving_query_is_scoped_to_the_stacks_pods():
     c = cfg(namespace="llm")
     names = m.ServingNames(m.APP, "llm")
-    for r in mon.alert_rules(load_receipt(), c, names):
+    for r in mon.alert_rules(resolve_plan(load_receipt(), c), c, names):
         if r["alert"] == "KimiK3NodeGpusUnallocatable":
             assert 'kube_pod_info{namespace="llm", pod=~"kimi-k3-[0-9]+"}' in r["expr"]
             continue
@@ -159,7 +164,7 @@ def test_every_serving_query_is_scoped_to_the_stacks_pods():
 # --- thresholds come from the receipt and the config -------------------------------------
 
 def test_p99_threshold_is_the_receipts_p99_plus_the_configured_margin(receipt):
-    ref = mon.reference_latency(receipt)
+    ref = reference_latency(receipt)
     assert ref.metric == "e2el" and ref.concurrency == max(
         x.concurrency for x in receipt.measured if x.metric == "e2el")
     for margin in (0, 10, 25):
@@ -181,7 +186,7 @@ def test_receipt_without_an_e2el_figure_is_refused():
     data = load_receipt().model_dump(by_alias=True)
     data["measured"] = [{**x, "metric": "ttft"} for x in data["measured"]]
     with pytest.raises(ValueError, match="no e2el measurement"):
-        mon.reference_latency(parse_receipt(data))
+        reference_latency(parse_receipt(data))
 
 
 def test_gpu_count_alert_uses_the_receipts_gpus_per_node(receipt):

@@ -4,6 +4,7 @@ the literal flags of shared/K3_FACTS.md."""
 import pytest
 
 from k3infra.config import parse_stack_config
+from k3infra.plan import ENDPOINT_PROPAGATION_SECONDS
 from k3infra.receipt import load_receipt
 from k3infra.serving import manifests as m
 
@@ -170,7 +171,7 @@ def test_drain_outlasts_the_slowest_measured_request(receipt):
     c = container(render("existing", PIN))
     drain = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     slowest_s = max(mm.p99_ms for mm in receipt.measured) / 1000
-    assert drain >= slowest_s + m.ENDPOINT_PROPAGATION_SECONDS
+    assert drain >= slowest_s + ENDPOINT_PROPAGATION_SECONDS
     grace = manifest(render("existing", PIN), "StatefulSet")["spec"]["template"]["spec"][
         "terminationGracePeriodSeconds"]
     assert grace >= drain + m.SHUTDOWN_SECONDS

@@ -29,6 +29,7 @@ from k3infra import naming, podfiles
 from k3infra.gates import PLACEHOLDER_HEX, enforce, Gate
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_manifest, child_options
+from k3infra.plan import ServingPlan
 from k3infra.podcommon import read_regular
 from k3infra.receipt import Receipt
 
@@ -50,6 +51,7 @@ class EngineBuildArgs(TypedDict, total=False):
     exportDir: str           # local mode: where pass 1 exports (default: ./build/engine)
     gatesEnforced: bool      # the caller already ran engine_gates (K3ServingStack does)
     offlineRender: bool      # `k3infra render`: builds never run, digests are placeholders
+    plan: ServingPlan        # the stack's (k3infra.plan): its engine, else resolved here
 
 
 # An installed package carries images/ here (setup.py's build_py copies it in);
@@ -183,7 +185,8 @@ class EngineBuild(pulumi.ComponentResource):
             raise TypeError(f"EngineBuild {name}: args['receipt'] must be the Receipt the "
                             "stack deploys (k3infra.receipt.load_receipt() for the shipped one)")
         # Everything that can refuse does so before the first registration.
-        plan = resolve_engine(receipt, cfg)
+        given = args.get("plan")
+        plan = given.engine if given is not None else resolve_engine(receipt, cfg)
         self.offline_render = bool(args.get("offlineRender"))
         if not args.get("gatesEnforced"):
             enforce(engine_gates(receipt, cfg), self.offline_render)

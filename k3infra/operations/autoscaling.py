@@ -18,7 +18,8 @@ StartupBudget.pod_seconds, over an hour and a half with the defaults) before it 
 The StatefulSet then carries no `spec.replicas` (serving/manifests.py): the HPA owns it,
 and `pulumi up` must not put k3:replicas back over it.
 
-Pure: (receipt, config, names) -> the ScaledObject, and the render's cost warning.
+Pure: (plan, config, names) -> the ScaledObject, and the render's cost warning (the
+startup budget is the plan's, k3infra.plan).
 """
 from __future__ import annotations
 
@@ -27,30 +28,28 @@ from k3infra.config import StackConfig
 from k3infra.gates import Gate
 from k3infra.operations.metric_names import series
 from k3infra.operations.monitoring import selector
-from k3infra.receipt import Receipt
-from k3infra.serving.startup import startup_budget_seconds
+from k3infra.plan import ServingPlan
 
 HPA_MAX_STABILIZATION_SECONDS = 3600     # autoscaling/v2: stabilizationWindowSeconds <= 3600
 HPA_MAX_POLICY_PERIOD_SECONDS = 1800     # autoscaling/v2: a policy's periodSeconds <= 1800
 SCALE_UP_PERIOD_SECONDS = 60
 
 
-def scale_down_window_seconds(receipt: Receipt, cfg: StackConfig) -> int:
+def scale_down_window_seconds(plan: ServingPlan, cfg: StackConfig) -> int:
     override = cfg.autoscaling.scale_down_stabilization_seconds
     if override is not None:
         return override
-    budget = startup_budget_seconds(receipt, cfg).pod_seconds
-    return min(budget, HPA_MAX_STABILIZATION_SECONDS)
+    return min(plan.budget.pod_seconds, HPA_MAX_STABILIZATION_SECONDS)
 
 
 def waiting_query(names: naming.ServingNames) -> str:
     return f"sum({series('vllm:num_requests_waiting')}{selector(names)})"
 
 
-def scaled_object(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
+def scaled_object(plan: ServingPlan, cfg: StackConfig, names: naming.ServingNames,
                   instance: str) -> dict:
     a = cfg.autoscaling
-    window = scale_down_window_seconds(receipt, cfg)
+    window = scale_down_window_seconds(plan, cfg)
     down_period = min(max(window, SCALE_UP_PERIOD_SECONDS), HPA_MAX_POLICY_PERIOD_SECONDS)
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
             "metadata": {"name": names.base, "namespace": names.namespace,
@@ -71,14 +70,14 @@ def scaled_object(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames
                          "threshold": str(a.waiting_per_replica)}}]}}
 
 
-def scaling_warnings(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
+def scaling_warnings(plan: ServingPlan, cfg: StackConfig) -> list[Gate]:
     """Shown by a render and `pulumi up`, never refusing: what `max` can cost, and a
     scale-down window shorter than the startup budget."""
     a = cfg.autoscaling
     if not a.enabled or a.max is None:
         return []
-    gpus = receipt.measured_gpu.gpus_per_node
-    budget = startup_budget_seconds(receipt, cfg).pod_seconds
+    gpus = plan.receipt.measured_gpu.gpus_per_node
+    budget = plan.budget.pod_seconds
     rate = cfg.monitoring.node_rate_usd_per_hour
     cost = (f", about {a.max * rate:,.0f} USD/hour at max (k3:monitoring.nodeRateUsdPerHour)"
             if rate else "")
@@ -86,7 +85,7 @@ def scaling_warnings(receipt: Receipt, cfg: StackConfig) -> list[Gate]:
                 f"{a.max}: the autoscaler may run up to {a.max} replicas, each a whole "
                 f"{gpus}-GPU node ({a.max * gpus} GPUs) billed while it runs{cost}; each "
                 f"scale-up serves only after a cold start of up to {budget} s", refuses=False)]
-    window = scale_down_window_seconds(receipt, cfg)
+    window = scale_down_window_seconds(plan, cfg)
     if window < budget:
         out.append(Gate("k3:autoscaling.scaleDownStabilizationSeconds",
                         f"{window} s is shorter than the startup budget ({budget} s)"

@@ -3,7 +3,7 @@ the metrics Service + ServiceMonitor, the PrometheusRule and the dashboard Confi
 with k3:autoscaling, the KEDA ScaledObject."""
 from __future__ import annotations
 
-from typing import Optional, Required, TypedDict, Union
+from typing import NotRequired, Optional, Required, TypedDict, Union
 
 import pulumi
 
@@ -16,15 +16,17 @@ from k3infra.operations.autoscaling import scaled_object
 from k3infra.operations.dashboard import dashboard_configmap
 from k3infra.operations.monitoring import monitoring_objects
 from k3infra.operations.network import network_policies
+from k3infra.plan import ServingPlan, resolve_plan
 from k3infra.receipt import Receipt
 
 
-def _objects(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames, instance: str) -> list[dict]:
-    objects = monitoring_objects(receipt, cfg, names, instance)
+def _objects(plan: ServingPlan, cfg: StackConfig, names: naming.ServingNames,
+             instance: str) -> list[dict]:
+    objects = monitoring_objects(plan, cfg, names, instance)
     if cfg.monitoring.dashboard:
-        objects.append(dashboard_configmap(receipt, cfg, names, instance))
+        objects.append(dashboard_configmap(plan, cfg, names, instance))
     if cfg.autoscaling.enabled:
-        objects.append(scaled_object(receipt, cfg, names, instance))
+        objects.append(scaled_object(plan, cfg, names, instance))
     return objects
 
 
@@ -33,6 +35,7 @@ class ServingOperationsArgs(TypedDict):
     config: Required[Union[StackConfig, StackInputs]]  # the validated stack config
     names: Required[naming.ServingNames]   # the instance's object names
     instance: Required[str]
+    plan: NotRequired[ServingPlan]  # the stack's (k3infra.plan); resolved here when absent
 
 
 class ServingOperations(pulumi.ComponentResource):
@@ -49,16 +52,17 @@ class ServingOperations(pulumi.ComponentResource):
                                          (StackConfig, StackInputs), "the validated stack config"))
         names = required(args, "names", "ServingOperations", naming.ServingNames)
         instance = required(args, "instance", "ServingOperations", str)
+        plan = args.get("plan") or resolve_plan(receipt, inputs.plain)
         super().__init__("k3infra:index:ServingOperations", name, None, opts)
         policies = network_policies(inputs.plain, names, instance)
         for i, policy in enumerate(policies):
             apply_built(f"{name}-netpol-{policy['metadata']['name']}", inputs,
                         lambda c, i=i: network_policies(c, names, instance)[i],
                         child_options(self, opts))
-        objects = _objects(receipt, inputs.plain, names, instance)
+        objects = _objects(plan, inputs.plain, names, instance)
         for i, obj in enumerate(objects):
             apply_built(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", inputs,
-                        lambda c, i=i: _objects(receipt, c, names, instance)[i],
+                        lambda c, i=i: _objects(plan, c, names, instance)[i],
                         child_options(self, opts))
         self.network_policy_names = pulumi.Output.from_input(
             [p["metadata"]["name"] for p in policies])

@@ -18,8 +18,9 @@ from typing import Any, Optional
 from k3infra import naming
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
-from k3infra.operations.monitoring import VLLM_CONTAINER, reference_latency
-from k3infra.receipt import NOTHING_MEASURED, Receipt, load_receipt
+from k3infra.operations.monitoring import VLLM_CONTAINER
+from k3infra.plan import ServingPlan, reference_latency
+from k3infra.receipt import NOTHING_MEASURED, Measurement, Receipt, load_receipt
 
 UID = "kimi-k3-vllm"
 FILE_NAME = f"{UID}.json"
@@ -70,8 +71,7 @@ def _reference_style(legend: str) -> dict:
                            {"id": "custom.lineWidth", "value": 2}]}
 
 
-def reference_legends(receipt: Receipt) -> dict[str, str]:
-    ref = reference_latency(receipt)
+def reference_legends(receipt: Receipt, ref: Optional[Measurement]) -> dict[str, str]:
     if ref is None:          # a candidate: nothing measured yet, no reference lines
         return {}
     where = f"receipt {receipt.id}, concurrency {ref.concurrency}, workload A"
@@ -108,9 +108,10 @@ def cold_start_panel() -> dict:
                   "each phase of the last start against it.")
 
 
-def dashboard(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) -> dict:
-    ref = reference_latency(receipt)
-    legends = reference_legends(receipt)
+def dashboard(receipt: Receipt, ref: Optional[Measurement],
+              node_rate_usd_per_hour: Optional[float] = None) -> dict:
+    """`ref`: the receipt's reference latency (k3infra.plan.reference_latency)."""
+    legends = reference_legends(receipt, ref)
     gpus = receipt.measured_gpu.gpus_per_node
     gen = series("vllm:generation_tokens")
     prompt = series("vllm:prompt_tokens")
@@ -201,17 +202,19 @@ def dashboard(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) 
     }
 
 
-def dashboard_json(receipt: Receipt, node_rate_usd_per_hour: Optional[float] = None) -> str:
-    return json.dumps(dashboard(receipt, node_rate_usd_per_hour), indent=2) + "\n"
+def dashboard_json(receipt: Receipt, ref: Optional[Measurement],
+                   node_rate_usd_per_hour: Optional[float] = None) -> str:
+    return json.dumps(dashboard(receipt, ref, node_rate_usd_per_hour), indent=2) + "\n"
 
 
-def dashboard_configmap(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
+def dashboard_configmap(plan: ServingPlan, cfg: StackConfig, names: naming.ServingNames,
                         instance: str) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{names.base}-dashboard",
                          "namespace": cfg.monitoring.dashboard_namespace or names.namespace,
                          "labels": {**naming.labels(instance, "dashboard"), **SIDECAR_LABEL}},
-            "data": {FILE_NAME: dashboard_json(receipt, cfg.monitoring.node_rate_usd_per_hour)}}
+            "data": {FILE_NAME: dashboard_json(plan.receipt, plan.reference,
+                                                   cfg.monitoring.node_rate_usd_per_hour)}}
 
 
 def main(argv: list[str]) -> int:
@@ -219,7 +222,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m k3infra.operations.dashboard OUT.json", file=sys.stderr)
         return 2
-    Path(argv[0]).write_text(dashboard_json(load_receipt()))
+    receipt = load_receipt()
+    # An entry point of its own (no stack, no plan): the receipt's figure directly.
+    Path(argv[0]).write_text(dashboard_json(receipt, reference_latency(receipt)))
     return 0
 
 

@@ -1,9 +1,10 @@
 """Prometheus Operator objects for the vLLM engine: a metrics Service + ServiceMonitor for
 `/metrics` and a PrometheusRule with the alerts that matter for this model.
 
-Pure: (receipt, config, names) -> manifest dicts. Every metric name goes through
-`metric_names.series()` (the checked list in metric_names.yaml); every figure the rules
-compare against comes from the receipt or the stack config.
+Pure: (plan, config, names) -> manifest dicts (k3infra.plan: the receipt, the startup
+budget, the reference latency and the p99 threshold, resolved once). Every metric name
+goes through `metric_names.series()` (the checked list in metric_names.yaml); every figure
+the rules compare against comes from the receipt or the stack config.
 
 Label assumptions (docs/operations.md): vLLM series carry `namespace` and `pod` (what a
 ServiceMonitor or PodMonitor attaches); kube-state-metrics series carry the pod's own
@@ -11,13 +12,11 @@ ServiceMonitor or PodMonitor attaches); kube-state-metrics series carry the pod'
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from k3infra import naming, topology
 from k3infra.config import StackConfig
 from k3infra.operations.metric_names import series
+from k3infra.plan import ServingPlan
 from k3infra.receipt import Measurement, Receipt
-from k3infra.serving.startup import startup_budget_seconds
 
 METRICS_PATH = "/metrics"          # the proxy's metrics port, without the API key
 METRICS_SERVICE_LABEL = "k3infra.dev/metrics"
@@ -31,23 +30,6 @@ RATE_WINDOW = "10m"
 
 def metrics_service_name(names: naming.ServingNames) -> str:
     return f"{names.base}-metrics"
-
-
-def reference_latency(receipt: Receipt) -> Optional[Measurement]:
-    """The receipt's end-to-end latency at its highest measured concurrency: the
-    figure the p99 alert and the dashboard's reference lines use. None for a candidate
-    (nothing measured yet: no alert against a figure nobody measured)."""
-    if receipt.is_candidate:
-        return None
-    e2el = [x for x in receipt.measured if x.metric == "e2el"]
-    if not e2el:
-        raise ValueError(f"receipt {receipt.id} has no e2el measurement to alert against")
-    return max(e2el, key=lambda x: x.concurrency)
-
-
-def p99_threshold_seconds(receipt: Receipt, cfg: StackConfig) -> Optional[float]:
-    ref = reference_latency(receipt)
-    return None if ref is None else ref.p99_ms / 1000 * (1 + cfg.monitoring.p99_margin_pct / 100)
 
 
 def pod_regex(names: naming.ServingNames) -> str:
@@ -112,11 +94,11 @@ def _rule(alert: str, expr: str, for_: str, severity: str, summary: str,
             "annotations": {"summary": summary, "description": description}}
 
 
-def _starting(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) -> str:
+def _starting(plan: ServingPlan, names: naming.ServingNames) -> str:
     """Pods whose vLLM container started within the startup budget: loading 1.5 TB and
     capturing graphs, not down. Used with `unless`, so without kube-state-metrics the
     alerts still fire (also during a start)."""
-    budget = startup_budget_seconds(receipt, cfg).total_seconds
+    budget = plan.budget.total_seconds
     started = series("kube_pod_container_state_started")
     return (f"(time() - {started}{selector(names, container=VLLM_CONTAINER)} < {budget})")
 
@@ -137,14 +119,14 @@ def _p99_rule(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
                  "k3:monitoring.p99MarginPct for yours.")
 
 
-def alert_rules(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) -> list[dict]:
+def alert_rules(plan: ServingPlan, cfg: StackConfig, names: naming.ServingNames) -> list[dict]:
+    receipt = plan.receipt
     mon = cfg.monitoring
     sel = selector(names)
     ns = names.namespace
-    starting = _starting(receipt, cfg, names)
-    budget = startup_budget_seconds(receipt, cfg).total_seconds
-    ref = reference_latency(receipt)
-    p99_s = p99_threshold_seconds(receipt, cfg)
+    starting = _starting(plan, names)
+    budget = plan.budget.total_seconds
+    ref, p99_s = plan.reference, plan.p99_threshold_seconds
     gpus = receipt.measured_gpu.gpus_per_node
     up = series("up")
     kv = f"({series('vllm:kv_cache_usage_perc')}{sel})"
@@ -219,16 +201,16 @@ def alert_rules(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames) 
     ]
 
 
-def prometheus_rule(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
+def prometheus_rule(plan: ServingPlan, cfg: StackConfig, names: naming.ServingNames,
                     instance: str) -> dict:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": names.base, "namespace": names.namespace,
                          "labels": {**naming.labels(instance, "metrics"), **cfg.monitoring.labels}},
             "spec": {"groups": [{"name": RULE_GROUP,
-                                 "rules": alert_rules(receipt, cfg, names)}]}}
+                                 "rules": alert_rules(plan, cfg, names)}]}}
 
 
-def monitoring_objects(receipt: Receipt, cfg: StackConfig, names: naming.ServingNames,
+def monitoring_objects(plan: ServingPlan, cfg: StackConfig, names: naming.ServingNames,
                        instance: str) -> list[dict]:
     """What k3:monitoring asks for (the dashboard is in dashboard.py)."""
     out: list[dict] = []
@@ -236,5 +218,5 @@ def monitoring_objects(receipt: Receipt, cfg: StackConfig, names: naming.Serving
         out += [metrics_service(names, instance, cfg.serving.metrics_port),
                 service_monitor(cfg, names, instance)]
     if cfg.monitoring.prometheus_rule:
-        out.append(prometheus_rule(receipt, cfg, names, instance))
+        out.append(prometheus_rule(plan, cfg, names, instance))
     return out

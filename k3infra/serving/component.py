@@ -9,11 +9,10 @@ from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs, wired_build
 from k3infra.kube import apply_built, apply_manifest, child_options
+from k3infra.plan import ServingPlan, resolve_plan
 from k3infra.receipt import Receipt
 from k3infra.serving import group
 from k3infra.serving import manifests as m, prepull, rollout
-from k3infra.serving.startup import startup_budget_seconds
-from k3infra.topology import is_multi_node
 from k3infra.weights.manifests import WeightsParts
 
 
@@ -30,6 +29,7 @@ class VllmServingArgs(TypedDict):
     workloadDependsOn: NotRequired[Sequence[pulumi.Resource]]
     # what the workload alone waits for (the weights Jobs, the Secrets, the node pool):
     # the Services, PDB and pre-pull do not wait for the weights
+    plan: NotRequired[ServingPlan]   # the stack's (k3infra.plan); resolved here when absent
 
 
 class VllmServing(pulumi.ComponentResource):
@@ -55,14 +55,15 @@ class VllmServing(pulumi.ComponentResource):
         depends_on = list(args.get("workloadDependsOn", ()))
         plain = inputs.plain
         parts = weights if callable(weights) else (lambda _c: weights)
+        plan = args.get("plan") or resolve_plan(receipt, plain)
         super().__init__("k3infra:index:VllmServing", name, None, opts)
         # The image pull, then the startupProbe's allowance, plus scheduling; pods start
         # together on create (Parallel) but roll one node at a time on update.
-        create_s, update_s = startup_budget_seconds(receipt, plain).await_seconds(plain.replicas)
+        create_s, update_s = plan.budget.await_seconds(plain.replicas)
         create, update = f"{-(-create_s // 60)}m", f"{-(-update_s // 60)}m"
         timeouts = pulumi.CustomTimeouts(create=create, update=update)
         self.groups: list[pulumi.CustomResource] = []
-        if is_multi_node(plain):
+        if plan.multi_node:
             # Per replica a ComputeDomain, then the LeaderWorkerSet whose pods claim it.
             for i in range(plain.replicas):
                 domain = apply_built(
@@ -71,13 +72,13 @@ class VllmServing(pulumi.ComponentResource):
                     child_options(self, opts))
                 self.groups.append(apply_built(
                     f"{name}-group-{i}", inputs,
-                    lambda c, i=i: group.leader_worker_set(receipt, c, image, parts(c), names,
+                    lambda c, i=i: group.leader_worker_set(plan, c, image, parts(c), names,
                                                            instance, engine_pins, i),
                     child_options(self, opts, *depends_on, domain, custom_timeouts=timeouts)))
             self.statefulset = self.groups[-1]
         else:
             def build(c: StackConfig) -> dict:
-                return m.statefulset(receipt, c, image, parts(c), names, instance, engine_pins)
+                return m.statefulset(plan, c, image, parts(c), names, instance, engine_pins)
 
             wired = wired_build(inputs, build)
             self.statefulset = apply_manifest(

@@ -21,10 +21,11 @@ from typing import Any
 
 from k3infra import origin, placement, topology
 from k3infra.config import StackConfig
+from k3infra.plan import ServingPlan
 from k3infra.receipt import Receipt
 from k3infra.serving import manifests as m
 from k3infra.serving import proxy
-from k3infra.serving.startup import BUDGET_ANNOTATION, startup_budget_seconds
+from k3infra.serving.startup import BUDGET_ANNOTATION
 from k3infra.weights.manifests import WeightsParts
 
 IMEX_CLAIM = "imex-channel"          # the pod's claim on its ComputeDomain's channel
@@ -60,10 +61,10 @@ def multi_node_args(nodes: int, rank: int) -> list[str]:
     return args
 
 
-def _pod_template(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+def _pod_template(plan: ServingPlan, cfg: StackConfig, image: Any, weights: WeightsParts,
                   names: m.ServingNames, instance: str, engine_pins: dict[str, str],
                   replica: int, rank: int) -> dict:
-    budget = startup_budget_seconds(receipt, cfg)   # the group's (both pods' gates)
+    receipt, budget = plan.receipt, plan.budget   # the group's (both pods' gates)
     leader = rank == LEADER_RANK
     domain = cfg.multi_node.domain_label
     group_args = origin.words(
@@ -71,7 +72,7 @@ def _pod_template(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weigh
                        f"{cfg.multi_node.nodes_per_replica} (k3:topology = {cfg.topology}: not "
                        "measured)"),
         *multi_node_args(cfg.multi_node.nodes_per_replica, rank))
-    vllm = m.vllm_container(receipt, cfg, image, weights, names, budget, extra_args=(group_args,),
+    vllm = m.vllm_container(plan, cfg, image, weights, names, extra_args=(group_args,),
                             gpus=cfg.multi_node.gpus_per_node, probes=leader,
                             claims=(IMEX_CLAIM,))
     affinity: dict[str, Any] = {
@@ -83,7 +84,7 @@ def _pod_template(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weigh
         affinity["podAffinity"] = placement.same_domain_as(
             {topology.LWS_NAME_LABEL: group_name(names, replica),
              topology.LWS_WORKER_INDEX_LABEL: str(LEADER_RANK)}, domain)
-    containers = ([vllm, proxy.container(cfg, m.PROXY_CONF_VOLUME, m.drain_seconds(receipt, cfg))]
+    containers = ([vllm, proxy.container(cfg, m.PROXY_CONF_VOLUME, plan.drain_seconds)]
                   if leader else [vllm])
     spec = m.serving_pod_spec(
         cfg, weights, names, containers, affinity, with_proxy=leader,
@@ -97,11 +98,12 @@ def _pod_template(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weigh
             "spec": spec}
 
 
-def leader_worker_set(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+def leader_worker_set(plan: ServingPlan, cfg: StackConfig, image: Any, weights: WeightsParts,
                       names: m.ServingNames, instance: str, engine_pins: dict[str, str],
                       replica: int) -> dict:
     """Replica `replica`: a group of `nodesPerReplica` pods, recreated together when any
     of them restarts (one rank gone stops the whole TP world)."""
+    receipt = plan.receipt
     return {
         "apiVersion": topology.LWS_API_VERSION, "kind": "LeaderWorkerSet",
         "metadata": {"name": group_name(names, replica), "namespace": names.namespace,
@@ -117,9 +119,9 @@ def leader_worker_set(receipt: Receipt, cfg: StackConfig, image: Any, weights: W
             "leaderWorkerTemplate": {
                 "size": cfg.multi_node.nodes_per_replica,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": _pod_template(receipt, cfg, image, weights, names, instance,
+                "leaderTemplate": _pod_template(plan, cfg, image, weights, names, instance,
                                                 engine_pins, replica, LEADER_RANK),
-                "workerTemplate": _pod_template(receipt, cfg, image, weights, names, instance,
+                "workerTemplate": _pod_template(plan, cfg, image, weights, names, instance,
                                                 engine_pins, replica, LEADER_RANK + 1),
                 "volumeClaimTemplates": [m.cache_claim_template(cfg)],
             },
@@ -143,12 +145,12 @@ def compute_domain(receipt: Receipt, cfg: StackConfig, names: m.ServingNames, in
     }
 
 
-def group_objects(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+def group_objects(plan: ServingPlan, cfg: StackConfig, image: Any, weights: WeightsParts,
                   names: m.ServingNames, instance: str, engine_pins: dict[str, str]) -> list[dict]:
     """Every replica's ComputeDomain, then its LeaderWorkerSet."""
     out: list[dict] = []
     for replica in range(cfg.replicas):
-        out.append(compute_domain(receipt, cfg, names, instance, engine_pins, replica))
-        out.append(leader_worker_set(receipt, cfg, image, weights, names, instance,
+        out.append(compute_domain(plan.receipt, cfg, names, instance, engine_pins, replica))
+        out.append(leader_worker_set(plan, cfg, image, weights, names, instance,
                                      engine_pins, replica))
     return out

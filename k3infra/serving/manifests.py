@@ -1,14 +1,14 @@
 """Pure builders of the serving objects: the vLLM StatefulSet that carries the receipt's
 flag set, its Services, PodDisruptionBudget and API-key Secret.
 
-(receipt, config, inputs) -> Kubernetes manifest dicts. Values that come from other
+(receipt or plan, config, inputs) -> Kubernetes manifest dicts (k3infra.plan: the
+startup budget, resolved once). Values that come from other
 resources (image digest, secret values) pass through untouched, so the same builder
 serves `pulumi up` (Outputs) and the offline render (strings).
 """
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from k3infra import checkov_skips, ephemeral, naming, origin, placement, topology
@@ -17,9 +17,10 @@ from k3infra.origin import (Origin, Tagged, argv, engine_path, entries, k3infra,
 from k3infra.serving import proxy, rollout, start
 from k3infra.podsecurity import container_security_context, pod_security_context
 from k3infra.config import ConfigError, StackConfig
+# SHUTDOWN_SECONDS lives with the drain it follows (k3infra.plan).
+from k3infra.plan import SHUTDOWN_SECONDS, ServingPlan
 from k3infra.receipt import NOTHING_MEASURED, Receipt
-from k3infra.serving.startup import (BUDGET_ANNOTATION, PROBE_PERIOD_SECONDS, StartupBudget,
-                                     startup_budget_seconds)
+from k3infra.serving.startup import BUDGET_ANNOTATION, PROBE_PERIOD_SECONDS, StartupBudget
 from k3infra.naming import ServingNames, labels, selector_labels
 from k3infra.weights.manifests import WeightsParts
 
@@ -29,12 +30,6 @@ API_KEY_SECRET_KEY = "api-key"
 PROXY_CONF_VOLUME = "proxy"
 # vLLM answers only inside the pod (the proxy is its one client).
 ENGINE_HOST = "127.0.0.1"
-# Endpoints and kube-proxy / load balancers need a few seconds to stop sending new
-# requests to a terminating pod.
-ENDPOINT_PROPAGATION_SECONDS = 10
-# Left between the end of the drain and the grace period's SIGKILL, for vLLM's own
-# shutdown (workers, NCCL teardown).
-SHUTDOWN_SECONDS = 30
 
 
 def is_measured(receipt: Receipt, cfg: StackConfig) -> bool:
@@ -156,21 +151,8 @@ def serve_env(receipt: Receipt, cfg: StackConfig, budget: StartupBudget,
     return entries(serve_env_parts(receipt, cfg, budget, api_key_secret))
 
 
-def drain_seconds(receipt: Receipt, cfg: StackConfig) -> int:
-    """preStop sleep before SIGTERM. vLLM aborts requests still running when it gets
-    SIGTERM, so the drain outlasts the slowest request the receipt measured (p99 at its
-    highest concurrency) after endpoints stopped sending new ones."""
-    if cfg.serving.drain_seconds is not None:
-        return cfg.serving.drain_seconds
-    if receipt.is_candidate:
-        # Nothing measured the slowest request yet: the longest drain the grace allows.
-        return cfg.serving.termination_grace_seconds - SHUTDOWN_SECONDS
-    slowest_ms = max(mm.p99_ms for mm in receipt.measured if mm.metric == "e2el")
-    return ENDPOINT_PROPAGATION_SECONDS + math.ceil(slowest_ms / 1000)
-
-
-def check_shutdown(receipt: Receipt, cfg: StackConfig) -> None:
-    drain = drain_seconds(receipt, cfg)
+def check_shutdown(plan: ServingPlan, cfg: StackConfig) -> None:
+    drain = plan.drain_seconds
     grace = cfg.serving.termination_grace_seconds
     if grace < drain + SHUTDOWN_SECONDS:
         raise ConfigError("k3:serving.terminationGraceSeconds", grace,
@@ -243,13 +225,14 @@ def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
             "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
-def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
-                   names: ServingNames, budget: StartupBudget, *,
+def vllm_container(plan: ServingPlan, cfg: StackConfig, image: Any, weights: WeightsParts,
+                   names: ServingNames, *,
                    extra_args: tuple[Tagged, ...] = (), gpus: int | None = None,
                    probes: bool = True, claims: tuple[str, ...] = ()) -> dict:
     """The vLLM container. A multi-node group (k3infra/serving/group.py) adds its
     `extra_args` (tagged words) after the receipt's and the surface's, its GPUs per pod,
     its DRA `claims`, and a headless worker has no HTTP server to probe."""
+    receipt, budget = plan.receipt, plan.budget
     port = cfg.serving.engine_port
     s = cfg.serving
     gpus_text = str(gpus if gpus is not None else receipt.measured_gpu.gpus_per_node)
@@ -275,7 +258,7 @@ def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: Weig
         "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
         "readinessProbe": _probe(port, 10, 3),
         "livenessProbe": _probe(port, 30, 4, timeout=10),
-        "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds(receipt, cfg)}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": plan.drain_seconds}}},
         "securityContext": container_security_context(),
         "volumeMounts": [*weights.main_mounts, *weights.gate_mounts,
                          {"name": "cache", "mountPath": CACHE_ROOT},
@@ -325,15 +308,15 @@ def cache_claim_template(cfg: StackConfig) -> dict:
     return claim
 
 
-def statefulset(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+def statefulset(plan: ServingPlan, cfg: StackConfig, image: Any, weights: WeightsParts,
                 names: ServingNames, instance: str, engine_pins: dict[str, str]) -> dict:
     """One pod = one 8-GPU node = one replica."""
-    budget = startup_budget_seconds(receipt, cfg)
+    receipt, budget = plan.receipt, plan.budget
     sel = selector_labels(instance)
     pod_spec = serving_pod_spec(
         cfg, weights, names,
-        [vllm_container(receipt, cfg, image, weights, names, budget),
-         proxy.container(cfg, PROXY_CONF_VOLUME, drain_seconds(receipt, cfg))],
+        [vllm_container(plan, cfg, image, weights, names),
+         proxy.container(cfg, PROXY_CONF_VOLUME, plan.drain_seconds)],
         {"nodeAffinity": placement.node_affinity(
             [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
          "podAntiAffinity": placement.one_replica_per_node(sel)})
