@@ -17,8 +17,9 @@ from typing import Optional
 
 from k3infra import topology
 from k3infra.config import ConfigError, StackConfig
-from k3infra.hbm import HbmError, context_fit, hbm_fit
+from k3infra.hbm import HbmError, context_fit
 from k3infra.nodepool.base import node_sku, pool_spec
+from k3infra.plan import Fit, replica_fit
 from k3infra.receipt import Receipt
 
 
@@ -35,37 +36,41 @@ class Check:
         return f"ok  {self.name}: {self.detail}"
 
 
-def check_hbm(cfg: StackConfig, receipt: Receipt) -> Check:
-    if topology.is_multi_node(cfg):
-        try:
-            fit = topology.domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
-        except ConfigError as exc:
-            raise PreflightError(exc.key, exc.value, exc.accepted) from None
-        return Check("HBM fit per NVLink domain", fit.summary())
+def resolve_fit(cfg: StackConfig, receipt: Receipt) -> Fit:
+    """The replica's HBM fit (k3infra.plan.replica_fit), its refusal a PreflightError."""
     try:
-        fit = hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+        return replica_fit(receipt, cfg)
     except HbmError as exc:
         prefix = f"{exc.key} = {cfg.gpu_product!r}: "
         text = str(exc)
         raise PreflightError(exc.key, cfg.gpu_product,
                              text[len(prefix):] if text.startswith(prefix) else text) from None
-    return Check("HBM fit per node", fit.summary())
+    except ConfigError as exc:
+        raise PreflightError(exc.key, exc.value, exc.accepted) from None
 
 
-def check_context(cfg: StackConfig, receipt: Receipt) -> Check:
-    """The receipt's context window against the KV room its GPUs leave (k3infra.hbm)."""
+def check_hbm(cfg: StackConfig, receipt: Receipt, fit: Optional[Fit] = None) -> Check:
+    """`fit`: the plan's (k3infra.plan), else resolved here."""
+    fit = fit or resolve_fit(cfg, receipt)
+    return Check("HBM fit per NVLink domain" if topology.is_multi_node(cfg)
+                 else "HBM fit per node", fit.summary())
+
+
+def check_context(cfg: StackConfig, receipt: Receipt, fit: Optional[Fit] = None) -> Check:
+    """The receipt's context window against the KV room its GPUs leave (k3infra.hbm).
+    `fit`: the plan's (k3infra.plan), else resolved here."""
     if topology.is_multi_node(cfg) or receipt.kv_cache is None:
         return Check("KV cache fit", f"receipt {receipt.id} states no KV bound per token: not "
                      "checked" if receipt.kv_cache is None else "one NVLink domain: not checked")
+    fit = fit or resolve_fit(cfg, receipt)
     try:
-        fit = context_fit(receipt, hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib),
-                          cfg.custom.args if cfg.profile == "custom" else ())
+        kv_fit = context_fit(receipt, fit, cfg.custom.args if cfg.profile == "custom" else ())
     except HbmError as exc:
         custom = cfg.profile == "custom" and "--max-model-len" in " ".join(cfg.custom.args)
         raise PreflightError("k3:custom.args" if custom else "k3:receipt",
                              cfg.custom.args if custom else cfg.receipt or receipt.id,
                              str(exc)) from None
-    return Check("KV cache fit", fit.summary() if fit else "no --max-model-len: not checked")
+    return Check("KV cache fit", kv_fit.summary() if kv_fit else "no --max-model-len: not checked")
 
 
 def check_pool_gpu(cfg: StackConfig, receipt: Receipt) -> Check:
@@ -232,10 +237,13 @@ def multi_node_requirements(cfg: StackConfig, receipt: Receipt) -> Check:
                  f"{topology.requirements(receipt)}")
 
 
-def run_preflight(cfg: StackConfig, receipt: Receipt,
-                  lock_total_bytes: Optional[int] = None) -> list[Check]:
-    """All checks in order; the first failure raises PreflightError."""
-    return [check_hbm(cfg, receipt), check_context(cfg, receipt), check_pool_gpu(cfg, receipt),
+def run_preflight(cfg: StackConfig, receipt: Receipt, lock_total_bytes: Optional[int] = None,
+                  fit: Optional[Fit] = None) -> list[Check]:
+    """All checks in order; the first failure raises PreflightError. `fit`: the plan's
+    (k3infra.plan), else resolved here."""
+    fit = fit or resolve_fit(cfg, receipt)
+    return [check_hbm(cfg, receipt, fit), check_context(cfg, receipt, fit),
+            check_pool_gpu(cfg, receipt),
             check_node_count(cfg, receipt), check_weights_volume(cfg, receipt, lock_total_bytes),
             check_engine_cpu(cfg, receipt),
             check_local_nvme(cfg, receipt, lock_total_bytes),
@@ -243,7 +251,7 @@ def run_preflight(cfg: StackConfig, receipt: Receipt,
             multi_node_requirements(cfg, receipt)]
 
 
-def preflight_report(cfg: StackConfig, receipt: Receipt,
-                     lock_total_bytes: Optional[int] = None) -> list[str]:
+def preflight_report(cfg: StackConfig, receipt: Receipt, lock_total_bytes: Optional[int] = None,
+                     fit: Optional[Fit] = None) -> list[str]:
     """One line per passed check (what render prints); raises on the first failure."""
-    return [c.line() for c in run_preflight(cfg, receipt, lock_total_bytes)]
+    return [c.line() for c in run_preflight(cfg, receipt, lock_total_bytes, fit)]

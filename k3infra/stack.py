@@ -130,7 +130,7 @@ class K3ServingStack(pulumi.ComponentResource):
                       + picker_gates(cfg) + [g for g in [key_policy_note(cfg)] if g]
                       + scaling_warnings(plan, cfg),
                       offline_render)
-        self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None)
+        self.preflight = run_preflight(cfg, receipt, lock.total_bytes if lock else None, plan.fit)
 
         if plan.multi_node:
             # Every Kubernetes object of the instance says it is not the measured configuration.

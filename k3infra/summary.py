@@ -1,17 +1,17 @@
 """What a render prints: pins, the full `vllm serve` line, placement, HBM headroom,
-startup budget. Pure: (config, render, receipt) -> rows. The `vllm serve` line is read
-from the rendered StatefulSet, so it shows what the pods run, not a recomputation."""
+startup budget. Pure: (config, render, plan) -> rows (k3infra.plan: the fit and the
+budget, resolved once). The `vllm serve` line is read from the rendered StatefulSet, so
+it shows what the pods run, not a recomputation."""
 from __future__ import annotations
 
 from typing import Optional
 
 from k3infra.config import StackConfig
 from k3infra.display import styled
-from k3infra.topology import fit_summary, is_multi_node, not_measured_text
-from k3infra.receipt import Receipt
+from k3infra.plan import ServingPlan
+from k3infra.topology import not_measured_text
 from k3infra.serve_argv import SERVING_CONTAINER, serve_argv
 from k3infra.serving import rollout
-from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import fanout
 from k3infra.weights import manifests as w
 
@@ -32,14 +32,13 @@ def rendered_serve_line(render, template: str = "leaderTemplate") -> str:
     return " ".join(argv[start:])
 
 
-def summary_rows(cfg: StackConfig, render, receipt: Receipt,
+def summary_rows(cfg: StackConfig, render, plan: ServingPlan,
                  serve_line: Optional[str] = None) -> list[tuple[str, object]]:
     """`serve_line`: the rendered `vllm serve` line when it is not a StatefulSet's (a
     Docker host's server container, k3infra/host/report.py)."""
-    r = receipt
-    budget = startup_budget_seconds(r, cfg)
+    r = plan.receipt
     image = render.outputs.get("image", cfg.engine_image)
-    if is_multi_node(cfg):
+    if plan.multi_node:
         mn = cfg.multi_node
         topology_rows = [
             ("topology", styled((not_measured_text(r), "bold red"))),
@@ -76,6 +75,6 @@ def summary_rows(cfg: StackConfig, render, receipt: Receipt,
         ("env", " ".join(f"{k}={v}" for k, v in r.serve.engine_env_map().items())),
         ("placement", placement),
         ("rollout", rollout.what_happens(r, cfg)),
-        ("HBM", fit_summary(cfg, r)),
-        *budget.rows(),
+        ("HBM", plan.fit.summary()),
+        *plan.budget.rows(),
     ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from k3infra.config.base import ConfigError
-from k3infra.hbm import MIN_HEADROOM_GIB, hbm_fit
+from k3infra.hbm import MIN_HEADROOM_GIB
 
 if TYPE_CHECKING:
     from k3infra.config.models import StackConfig
@@ -211,9 +211,3 @@ def domain_fit(receipt: "Receipt", gpu_product: str,
     return DomainFit(gpu_product, memory, NODES_PER_REPLICA, GPUS_PER_NODE, weights,
                      round(headroom, 2))
 
-
-def fit_summary(cfg: "StackConfig", receipt: "Receipt") -> str:
-    """The HBM line of the render for either topology."""
-    if is_multi_node(cfg):
-        return domain_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib).summary()
-    return hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib).summary()

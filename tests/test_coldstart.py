@@ -14,7 +14,7 @@ import pytest
 from k3infra import pod_env
 from k3infra.serving import start, startup
 from k3infra.serving.timeline import timeline
-from k3infra.plan import reference_latency
+from k3infra.plan import reference_latency, resolve_plan
 from k3infra.summary import summary_rows
 from k3infra.serving.manifests import engine_command
 from k3infra.weights.manifests import GATE_CHECK
@@ -102,7 +102,7 @@ def test_render_prints_each_phase_with_its_formula_and_the_total(receipt):
 
     r = render("existing", PIN)
     cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=receipt)
-    rows = dict(summary_rows(cfg, r, receipt))
+    rows = dict(summary_rows(cfg, r, resolve_plan(receipt, cfg)))
     assert rows["cold start: pull"] == ("900 s = 30 GB image / imagePullGBps 0.05 = 600 s x 1.5 tail")
     assert rows["cold start: gate"] == "1171 s = 1561.0 GB / storageReadGBps 2 = 780.5 s x 1.5 tail"
     assert rows["cold start: load"] == "1561 s = 1561.0 GB / warmLoadGBps 1.5 = 1040.7 s x 1.5 tail"

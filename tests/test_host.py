@@ -16,6 +16,7 @@ from k3infra.host import compose as hc
 from k3infra.host.component import PrefetchFailed, prefetch_verdict
 from k3infra.host.plan import PROXY_START, host_plan
 from k3infra.host.preflight import PreflightError, box_checks, check_weights_space
+from k3infra.plan import resolve_plan
 from k3infra.policies import host as hp
 from k3infra.render import render_stack
 from k3infra.serving import proxy
@@ -144,7 +145,9 @@ def test_receipt_is_explicit_and_names_follow_the_instance():
         K3HostStack("Edge_A", {"config": host_cfg(), "receipt": load()})
     assert exc.value.key == "K3HostStack name" and "DNS-1035" in str(exc.value)
     # Another instance: its own Compose project, containers and cache volume.
-    doc = hc.compose_document(host_plan(load(), host_cfg(), "edge-a", PREBUILT_IMAGE), {})
+    cfg = host_cfg()
+    doc = hc.compose_document(host_plan(resolve_plan(load(), cfg), cfg, "edge-a", PREBUILT_IMAGE),
+                              {})
     assert doc["name"] == "edge-a"
     assert {n: svc["container_name"] for n, svc in doc["services"].items()} == {
         "prefetch": "edge-a-prefetch", "cache-owner": "edge-a-cache-owner",
@@ -166,7 +169,7 @@ def test_secrets_never_reach_the_plan_and_env_comes_from_the_plan():
     # runs of the README's host render showed "Calling __str__ on an Output[T]").
     assert not [w for w in r.warnings if "__str__" in w], r.warnings
     cfg = host_cfg()
-    env = host_plan(load(), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm").env
+    env = host_plan(resolve_plan(load(), cfg), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm").env
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3751"
@@ -492,7 +495,7 @@ def _inspect_of_plan() -> dict:
     """What `docker inspect kimi-k3-vllm` reports for the container K3HostStack creates
     (its labels as the program registered them)."""
     cfg = host_cfg()
-    c = host_plan(load(), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm")
+    c = host_plan(resolve_plan(load(), cfg), cfg, "kimi-k3", PREBUILT_IMAGE).container("vllm")
     env = [f"{k}={v}" for k, v in c.env.items()] + ["VLLM_API_KEY=k3-test-key"]
     labels = {lb["label"]: lb["value"]
               for lb in containers(host_render())["kimi-k3-vllm"]["inputs"]["labels"]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from k3infra.config import ConfigError, parse_stack_config
+from k3infra.plan import resolve_plan
 from k3infra.receipt import load_receipt
 from k3infra.summary import summary_rows
 
@@ -22,7 +23,7 @@ SRC1 = "http://kimi-k3-weights-source-1.kimi-k3.svc:8080"
 def rows(r) -> dict:
     receipt = load_receipt()
     cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=receipt)
-    return dict(summary_rows(cfg, r, receipt))
+    return dict(summary_rows(cfg, r, resolve_plan(receipt, cfg)))
 
 
 def sources_of(r, i: int) -> str:

@@ -104,6 +104,7 @@ def test_serving_pods_hold_no_hf_token_and_reach_no_hub_in_either_mode(tmp_path)
 @pytest.mark.parametrize("gate_mode", ["warm", "stamps"])
 def test_render_shows_the_gate_mode(gate_mode):
     from k3infra.config import parse_stack_config
+    from k3infra.plan import resolve_plan
     from k3infra.summary import summary_rows
 
     r = render("existing", PIN, f"weights.gateMode={gate_mode}")
@@ -111,7 +112,7 @@ def test_render_shows_the_gate_mode(gate_mode):
     from k3infra.receipt import load_receipt
 
     cfg = parse_stack_config(r.raw_config, tuple(r.secret_keys), receipt=load_receipt())
-    rows = dict(summary_rows(cfg, r, load_receipt()))
+    rows = dict(summary_rows(cfg, r, resolve_plan(load_receipt(), cfg)))
     assert rows["weights gate"].startswith(f"{gate_mode}: full read-and-hash of 1561.0 GB")
 
 

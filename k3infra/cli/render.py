@@ -17,6 +17,7 @@ from k3infra.config import ConfigError, parse_stack_config
 from k3infra.display import console as literal_console, styled
 from k3infra.hbm import HbmError
 from k3infra.host import report
+from k3infra.plan import resolve_plan
 from k3infra.preflight import preflight_report
 from k3infra.receipt import ReceiptError
 # A module, not its names: tests replace project_root and render_stack on it.
@@ -63,11 +64,13 @@ def _render(args: argparse.Namespace) -> int:
 
     if args.show is not None:
         return _show(console, args, render, cfg, receipt)
+    # The figures the summary and the preflight print, resolved once as the program did.
+    plan = resolve_plan(receipt, cfg)
     if cfg.host is not None:          # one Docker host (k3infra/host)
-        return _render_host(console, args, render, cfg, receipt, root)
+        return _render_host(console, args, render, cfg, plan, root)
 
     table = Table(title=f"k3infra render: stack {args.stack}", show_header=False)
-    for key, value in summary_rows(cfg, render, receipt):
+    for key, value in summary_rows(cfg, render, plan):
         table.add_row(key, value)
     console.print(table)
     counts = Table("resource type", "count", title="resources")
@@ -75,7 +78,8 @@ def _render(args: argparse.Namespace) -> int:
         counts.add_row(typ, str(n))
     console.print(counts)
     lock = load_stack_lock(receipt, cfg, root)
-    for line in preflight_report(cfg, receipt, lock_total_bytes=lock.total_bytes if lock else None):
+    for line in preflight_report(cfg, receipt, lock_total_bytes=lock.total_bytes if lock else None,
+                                 fit=plan.fit):
         console.print(f"preflight {line}")
     parents = {r["urn"] for r in render.resources
                if r["type"] in ("k3infra:index:B300NodePool", "k3infra:index:ClusterAddons")}
@@ -108,10 +112,11 @@ def _show(console, args, render, cfg, receipt) -> int:
     return 0
 
 
-def _render_host(console, args, render, cfg, receipt, root) -> int:
+def _render_host(console, args, render, cfg, plan, root) -> int:
+    receipt = plan.receipt
     table = Table(title=f"k3infra render: stack {args.stack} (one Docker host)", show_header=False)
     instance = report.rendered_instance(render)
-    for key, value in summary_rows(cfg, render, receipt,
+    for key, value in summary_rows(cfg, render, plan,
                                    serve_line=report.rendered_serve_line(render, instance)):
         if key not in ("placement", "rollout", "weights storage"):
             table.add_row(key, value)
@@ -122,12 +127,12 @@ def _render_host(console, args, render, cfg, receipt, root) -> int:
         containers.add_row(*row)
     console.print(containers)
     lock = load_stack_lock(receipt, cfg, root)
-    for line in report.preflight_lines(cfg, receipt, lock.total_bytes if lock else None):
+    for line in report.preflight_lines(plan, cfg, lock.total_bytes if lock else None):
         console.print(f"preflight {line}")
     for warning in render.warnings:
         console.print(styled(("warning:", "yellow"), f" {warning}"))
-    plan = report.render_plan(receipt, cfg, render, lock.text if lock else None)
-    compose = report.write_compose(plan, receipt, cfg, args.out)
+    host = report.render_plan(plan, cfg, render, lock.text if lock else None)
+    compose = report.write_compose(host, receipt, cfg, args.out)
     console.print(f"wrote {args.out / 'plan.json'} and {compose}")
     return 0
 

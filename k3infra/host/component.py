@@ -23,12 +23,12 @@ import pulumi_docker as docker
 from k3infra import gates, naming
 from k3infra.componentargs import StackConfigArgs, top_level_args
 from k3infra.config import ConfigError, StackConfig, parse_stack_config
-from k3infra.engine import EngineBuild, engine_gates, resolve_engine
-from k3infra.hbm import hbm_fit
+from k3infra.engine import EngineBuild, engine_gates
 from k3infra.kube import child_options
 from k3infra.host.plan import (CACHE_OWNER, PROXY, SERVER, HostContainer, HostPlan, cache_volume,
                                check_host_engine, container_name, host_plan)
 from k3infra.host.preflight import run_host_preflight
+from k3infra.plan import ServingPlan, resolve_plan
 from k3infra.plugin.shapes import K3HostStackArgs
 from k3infra.serving import manifests as serving
 from k3infra.weights.lockcheck import load_stack_lock
@@ -88,11 +88,14 @@ class K3HostStack(pulumi.ComponentResource):
         if cfg.host is None:
             raise ConfigError("k3:host", None, "is required for K3HostStack")
         check_host_engine(cfg)
-        hbm_fit(receipt, cfg.gpu_product, cfg.gpu_memory_gib)
+        # Every figure the children read, once (k3infra/plan.py): the HBM fit and the
+        # k3:engine / k3:profile refusals come here. No instance: a host has no
+        # Kubernetes names.
+        self.serving_plan: ServingPlan = resolve_plan(receipt, cfg)
         lock = load_stack_lock(receipt, cfg)
-        resolve_engine(receipt, cfg)
         gates.enforce(gates.deployment_gates(receipt, cfg) + engine_gates(receipt, cfg), offline_render)
-        self.preflight = run_host_preflight(cfg, receipt, lock.total_bytes if lock else None)
+        self.preflight = run_host_preflight(cfg, receipt, lock.total_bytes if lock else None,
+                                            self.serving_plan.fit)
         if cfg.host.publish_all_interfaces:
             pulumi.log.warn(f"k3:host.publishAllInterfaces: the API is published on every "
                             f"interface ({self._where(cfg)}): only the proxy's bearer key "
@@ -105,9 +108,9 @@ class K3HostStack(pulumi.ComponentResource):
         self.engine = EngineBuild(f"{name}-engine", {
             "config": cfg, "receipt": receipt, "base": instance,
             "labels": serving.labels(instance, "engine-build"), "gatesEnforced": True,
-            "offlineRender": offline_render}, child)
+            "offlineRender": offline_render, "plan": self.serving_plan}, child)
         image = self.engine.image
-        self.plan: HostPlan = host_plan(receipt, cfg, instance, image,
+        self.plan: HostPlan = host_plan(self.serving_plan, cfg, instance, image,
                                         lock.text if lock else None)
 
         # The image by digest, pulled once; every container names the same reference.

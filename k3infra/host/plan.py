@@ -1,4 +1,5 @@
-"""The containers of one Docker host, pure: (receipt, config, instance, image) -> `HostPlan`.
+"""The containers of one Docker host, pure: (plan, config, instance, image) -> `HostPlan`
+(k3infra.plan: the receipt and the startup budget, resolved once).
 
 Names derive from the instance (k3infra.naming's rule, as for a cluster): the Compose
 project is `<instance>`, each container `<instance>-<role>` (prefetch, vllm, proxy), the
@@ -27,11 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from k3infra.config import ConfigError, StackConfig
+from k3infra.plan import ServingPlan
 from k3infra.podsecurity import ENGINE_GID, ENGINE_UID
-from k3infra.receipt import Receipt
 from k3infra.serving import manifests as serving
 from k3infra.serving import proxy, start
-from k3infra.serving.startup import startup_budget_seconds
 from k3infra.weights import manifests as weights
 
 SERVER = "vllm"                      # the serving container's role (Compose service name)
@@ -157,8 +157,9 @@ def endpoint(cfg: StackConfig) -> str:
     return f"http://{shown}:{cfg.serving.port}"
 
 
-def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
+def host_plan(plan: ServingPlan, cfg: StackConfig, instance: str, image: Any,
               lock_text: Optional[str] = None) -> HostPlan:
+    receipt = plan.receipt
     if cfg.host is None:
         raise ConfigError("k3:host", None, "is required for a Docker host stack")
     check_host_engine(cfg)
@@ -174,7 +175,7 @@ def host_plan(receipt: Receipt, cfg: StackConfig, instance: str, image: Any,
         files=files, mounts=[Mount(h.weights_root, weights.WEIGHTS_ROOT), tmp],
         one_shot=True)
 
-    budget = startup_budget_seconds(receipt, cfg)
+    budget = plan.budget
     model_dir = lay.tree
     args = serving.serve_args(receipt, cfg, model_dir)
     env = {e["name"]: e["value"] for e in serving.serve_env(receipt, cfg, budget, "")

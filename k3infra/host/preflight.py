@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from k3infra.config import StackConfig
+from k3infra.plan import Fit
 from k3infra.preflight import Check, PreflightError, check_hbm
 from k3infra.receipt import Receipt
 
@@ -51,9 +52,10 @@ def check_weights_space(cfg: StackConfig, receipt: Receipt,
                                   f"{need / 1e9:.1f} GB ({source})")
 
 
-def run_host_preflight(cfg: StackConfig, receipt: Receipt,
-                       lock_total_bytes: Optional[int] = None) -> list[Check]:
-    return [check_hbm(cfg, receipt), check_weights_space(cfg, receipt, lock_total_bytes)]
+def run_host_preflight(cfg: StackConfig, receipt: Receipt, lock_total_bytes: Optional[int] = None,
+                       fit: Optional[Fit] = None) -> list[Check]:
+    """`fit`: the plan's (k3infra.plan), else resolved by check_hbm."""
+    return [check_hbm(cfg, receipt, fit), check_weights_space(cfg, receipt, lock_total_bytes)]
 
 
 def box_checks(cfg: StackConfig, receipt: Receipt) -> list[BoxCheck]:
@@ -87,6 +89,7 @@ def box_checks(cfg: StackConfig, receipt: Receipt) -> list[BoxCheck]:
 
 
 def host_preflight_report(cfg: StackConfig, receipt: Receipt,
-                          lock_total_bytes: Optional[int] = None) -> list[str]:
-    return ([c.line() for c in run_host_preflight(cfg, receipt, lock_total_bytes)]
+                          lock_total_bytes: Optional[int] = None,
+                          fit: Optional[Fit] = None) -> list[str]:
+    return ([c.line() for c in run_host_preflight(cfg, receipt, lock_total_bytes, fit)]
             + [b.line() for b in box_checks(cfg, receipt)])

@@ -11,6 +11,7 @@ from k3infra.config import StackConfig
 from k3infra.host.compose import COMPOSE_FILE, CONFIG_DIR, compose_yaml, config_files
 from k3infra.host.plan import SERVER, HostPlan, container_name, host_plan
 from k3infra.host.preflight import host_preflight_report
+from k3infra.plan import ServingPlan
 from k3infra.receipt import Receipt
 from k3infra.serve_argv import serve_args_of
 from k3infra.podcommon import atomic_write_text, output_directory
@@ -44,11 +45,11 @@ def rendered_serve_line(render: Any, instance: str) -> str:
                      "running `vllm serve`")
 
 
-def render_plan(receipt: Receipt, cfg: StackConfig, render: Any,
+def render_plan(plan: ServingPlan, cfg: StackConfig, render: Any,
                 lock_text: Optional[str]) -> HostPlan:
     instance = rendered_instance(render)
     image = rendered_image(render, instance) or cfg.engine_image
-    return host_plan(receipt, cfg, instance, image, lock_text)
+    return host_plan(plan, cfg, instance, image, lock_text)
 
 
 def container_rows(render: Any) -> list[tuple[str, str, str]]:
@@ -93,6 +94,6 @@ def write_compose(plan: HostPlan, receipt: Receipt, cfg: StackConfig, out: Path)
     return path
 
 
-def preflight_lines(cfg: StackConfig, receipt: Receipt,
+def preflight_lines(plan: ServingPlan, cfg: StackConfig,
                     lock_total_bytes: Optional[int]) -> list[str]:
-    return host_preflight_report(cfg, receipt, lock_total_bytes)
+    return host_preflight_report(cfg, plan.receipt, lock_total_bytes, plan.fit)
