@@ -2,9 +2,9 @@
 flag set, its Services, PodDisruptionBudget and API-key Secret.
 
 (receipt or plan, config, inputs) -> Kubernetes manifest dicts (k3infra.plan: the
-startup budget, resolved once). Values that come from other
-resources (image digest, secret values) pass through untouched, so the same builder
-serves `pulumi up` (Outputs) and the offline render (strings).
+startup budget and the drain, resolved once). Values that come from other resources
+(image digest, secret values) pass through untouched, so the same builder serves
+`pulumi up` (Outputs) and the offline render (strings).
 """
 from __future__ import annotations
 
