@@ -58,11 +58,11 @@ sys.path.insert(0, str(ROOT))
 
 from k3infra.bench import manifests as bench_manifests  # noqa: E402
 from k3infra.config import parse_stack_config  # noqa: E402
-from k3infra.plan import resolve_plan  # noqa: E402
+from k3infra.plan import drain_seconds  # noqa: E402
 from k3infra.receipt import load_receipt, parse_receipt  # noqa: E402
 from k3infra.serving import manifests as serving  # noqa: E402
 from k3infra.serving import proxy, start as start_script  # noqa: E402
-from k3infra.serving.startup import BUDGET_ANNOTATION  # noqa: E402
+from k3infra.serving.startup import BUDGET_ANNOTATION, startup_budget_seconds  # noqa: E402
 from k3infra.weights import manifests as weights  # noqa: E402
 
 import yaml  # noqa: E402
@@ -202,9 +202,11 @@ def render(work: Path, st: dict, load_format: str | None = None, gate_mode: str 
                              ("apiKey",), receipt=receipt)
     parts = weights.serving_parts(receipt, cfg, INSTANCE, st["image"], lock_text)
     names = serving.ServingNames(INSTANCE, INSTANCE)
-    plan = resolve_plan(receipt, cfg)
-    budget = plan.budget
-    c = serving.vllm_container(plan, cfg, st["image"], parts, names)
+    # The two figures alone, not resolve_plan: its HBM check refuses a dry run's
+    # stand-in GPU, and nothing here deploys.
+    budget = startup_budget_seconds(receipt, cfg)
+    c = serving.vllm_container(receipt, cfg, st["image"], parts, names, budget,
+                               drain_seconds(receipt, cfg))
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
     env["VLLM_API_KEY"] = st["key"]            # the Secret's value (secretKeyRef in the pod)
     files = weights.runtime_file_map(lock_text)

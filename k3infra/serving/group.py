@@ -72,7 +72,8 @@ def _pod_template(plan: ServingPlan, cfg: StackConfig, image: Any, weights: Weig
                        f"{cfg.multi_node.nodes_per_replica} (k3:topology = {cfg.topology}: not "
                        "measured)"),
         *multi_node_args(cfg.multi_node.nodes_per_replica, rank))
-    vllm = m.vllm_container(plan, cfg, image, weights, names, extra_args=(group_args,),
+    vllm = m.vllm_container(receipt, cfg, image, weights, names, budget, plan.drain_seconds,
+                            extra_args=(group_args,),
                             gpus=cfg.multi_node.gpus_per_node, probes=leader,
                             claims=(IMEX_CLAIM,))
     affinity: dict[str, Any] = {

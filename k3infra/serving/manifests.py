@@ -225,14 +225,14 @@ def _probe(port: int, period: int, failures: int, timeout: int = 5) -> dict:
             "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
-def vllm_container(plan: ServingPlan, cfg: StackConfig, image: Any, weights: WeightsParts,
-                   names: ServingNames, *,
+def vllm_container(receipt: Receipt, cfg: StackConfig, image: Any, weights: WeightsParts,
+                   names: ServingNames, budget: StartupBudget, drain_seconds: int, *,
                    extra_args: tuple[Tagged, ...] = (), gpus: int | None = None,
                    probes: bool = True, claims: tuple[str, ...] = ()) -> dict:
     """The vLLM container. A multi-node group (k3infra/serving/group.py) adds its
     `extra_args` (tagged words) after the receipt's and the surface's, its GPUs per pod,
-    its DRA `claims`, and a headless worker has no HTTP server to probe."""
-    receipt, budget = plan.receipt, plan.budget
+    its DRA `claims`, and a headless worker has no HTTP server to probe. `budget` and
+    `drain_seconds`: the plan's (k3infra.plan)."""
     port = cfg.serving.engine_port
     s = cfg.serving
     gpus_text = str(gpus if gpus is not None else receipt.measured_gpu.gpus_per_node)
@@ -258,7 +258,7 @@ def vllm_container(plan: ServingPlan, cfg: StackConfig, image: Any, weights: Wei
         "startupProbe": _probe(port, PROBE_PERIOD_SECONDS, budget.failure_threshold),
         "readinessProbe": _probe(port, 10, 3),
         "livenessProbe": _probe(port, 30, 4, timeout=10),
-        "lifecycle": {"preStop": {"sleep": {"seconds": plan.drain_seconds}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": drain_seconds}}},
         "securityContext": container_security_context(),
         "volumeMounts": [*weights.main_mounts, *weights.gate_mounts,
                          {"name": "cache", "mountPath": CACHE_ROOT},
@@ -315,7 +315,7 @@ def statefulset(plan: ServingPlan, cfg: StackConfig, image: Any, weights: Weight
     sel = selector_labels(instance)
     pod_spec = serving_pod_spec(
         cfg, weights, names,
-        [vllm_container(plan, cfg, image, weights, names),
+        [vllm_container(receipt, cfg, image, weights, names, budget, plan.drain_seconds),
          proxy.container(cfg, PROXY_CONF_VOLUME, plan.drain_seconds)],
         {"nodeAffinity": placement.node_affinity(
             [cfg.gpu_product], placement.pool_of(cfg.node_pool.provider, instance)),
