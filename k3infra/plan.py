@@ -99,3 +99,15 @@ def resolve_plan(receipt: Receipt, cfg: StackConfig,
                        budget=startup_budget_seconds(receipt, cfg),
                        drain_seconds=drain_seconds(receipt, cfg), reference=ref,
                        p99_threshold_seconds=p99_threshold_seconds(ref, cfg), names=names)
+
+
+def given_or_resolved(args, receipt: Receipt, cfg: StackConfig, component: str) -> ServingPlan:
+    """A child component's plan: the parent's (`args["plan"]`), which must be of the
+    receipt the args name, or resolved here when the component is used alone."""
+    given = args.get("plan")
+    if given is None:
+        return resolve_plan(receipt, cfg)
+    if not isinstance(given, ServingPlan) or given.receipt.sha256() != receipt.sha256():
+        raise TypeError(f"{component}: args['plan'] must be the ServingPlan of args['receipt'] "
+                        f"({receipt.id}), from k3infra.plan.resolve_plan")
+    return given

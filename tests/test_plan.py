@@ -10,7 +10,8 @@ import pytest
 
 from k3infra.config import parse_stack_config
 from k3infra.inputs import WIREABLE
-from k3infra.plan import resolve_plan
+from k3infra.plan import given_or_resolved, resolve_plan
+from k3infra.receipt import load_receipt
 from k3infra.render import chosen_receipt, load_config
 
 from conftest import ALL_STACKS, ROOT
@@ -56,3 +57,18 @@ def test_the_plan_is_the_same_for_both_stand_ins(stack):
             for p in plans)
     assert a == b
     assert a.names is not None and a.names.base == "kimi-k3"
+
+
+def test_a_child_refuses_the_plan_of_another_receipt():
+    """A plan handed to a child must be of the receipt its args name: the builders would
+    read one receipt's budgets beside another's flags."""
+    raw, secrets = load_config("existing", [], ROOT)
+    measured = load_receipt(str(ROOT / "k3infra/receipt/kimi-k3-8xb300-2026-07-29.yaml"))
+    candidate = load_receipt(str(ROOT / "k3infra/receipt/kimi-k3-8xb300-vllm-recipe-candidate.yaml"))
+    cfg = parse_stack_config(raw, tuple(secrets), receipt=measured)
+    plan = resolve_plan(measured, cfg)
+    assert given_or_resolved({"plan": plan}, measured, cfg, "VllmServing") is plan
+    assert given_or_resolved({}, measured, cfg, "VllmServing") == plan
+    with pytest.raises(TypeError, match=r"^VllmServing: args\['plan'\] must be the ServingPlan "
+                                        r"of args\['receipt'\] \(kimi-k3-8xb300-vllm-recipe"):
+        given_or_resolved({"plan": plan}, candidate, cfg, "VllmServing")

@@ -29,7 +29,7 @@ from k3infra import naming, podfiles
 from k3infra.gates import PLACEHOLDER_HEX, enforce, Gate
 from k3infra.inputs import StackInputs
 from k3infra.kube import apply_manifest, child_options
-from k3infra.plan import ServingPlan
+from k3infra.plan import ServingPlan, given_or_resolved
 from k3infra.podcommon import read_regular
 from k3infra.receipt import Receipt
 
@@ -186,7 +186,8 @@ class EngineBuild(pulumi.ComponentResource):
                             "stack deploys (k3infra.receipt.load_receipt() for the shipped one)")
         # Everything that can refuse does so before the first registration.
         given = args.get("plan")
-        plan = given.engine if given is not None else resolve_engine(receipt, cfg)
+        plan = (given_or_resolved(args, receipt, cfg, f"EngineBuild {name}").engine
+                if given is not None else resolve_engine(receipt, cfg))
         self.offline_render = bool(args.get("offlineRender"))
         if not args.get("gatesEnforced"):
             enforce(engine_gates(receipt, cfg), self.offline_render)

@@ -16,7 +16,7 @@ from k3infra.operations.autoscaling import scaled_object
 from k3infra.operations.dashboard import dashboard_configmap
 from k3infra.operations.monitoring import monitoring_objects
 from k3infra.operations.network import network_policies
-from k3infra.plan import ServingPlan, resolve_plan
+from k3infra.plan import ServingPlan, given_or_resolved
 from k3infra.receipt import Receipt
 
 
@@ -52,7 +52,7 @@ class ServingOperations(pulumi.ComponentResource):
                                          (StackConfig, StackInputs), "the validated stack config"))
         names = required(args, "names", "ServingOperations", naming.ServingNames)
         instance = required(args, "instance", "ServingOperations", str)
-        plan = args.get("plan") or resolve_plan(receipt, inputs.plain)
+        plan = given_or_resolved(args, receipt, inputs.plain, "ServingOperations")
         super().__init__("k3infra:index:ServingOperations", name, None, opts)
         policies = network_policies(inputs.plain, names, instance)
         for i, policy in enumerate(policies):

@@ -9,7 +9,7 @@ from k3infra.componentargs import required
 from k3infra.config import StackConfig
 from k3infra.inputs import StackInputs, wired_build
 from k3infra.kube import apply_built, apply_manifest, child_options
-from k3infra.plan import ServingPlan, resolve_plan
+from k3infra.plan import ServingPlan, given_or_resolved
 from k3infra.receipt import Receipt
 from k3infra.serving import group
 from k3infra.serving import manifests as m, prepull, rollout
@@ -55,7 +55,7 @@ class VllmServing(pulumi.ComponentResource):
         depends_on = list(args.get("workloadDependsOn", ()))
         plain = inputs.plain
         parts = weights if callable(weights) else (lambda _c: weights)
-        plan = args.get("plan") or resolve_plan(receipt, plain)
+        plan = given_or_resolved(args, receipt, plain, "VllmServing")
         super().__init__("k3infra:index:VllmServing", name, None, opts)
         # The image pull, then the startupProbe's allowance, plus scheduling; pods start
         # together on create (Parallel) but roll one node at a time on update.
