@@ -41,10 +41,11 @@ can set; no product code knows it runs in a test):
 - `k3:benchmark.runs: 1`: two runs of the grid on 2 shared cores disagree beyond the
   +-10 % tolerance, which says nothing about the plumbing under test.
 
-One replica on one node in CI (two CPU engines and their rolls would add minutes to the
-longest lane). `K3INFRA_E2E_NODES=2` (docs/e2e.md) starts a second kubelet and runs the
-stack with `k3:replicas: 2`: the gate's canary is then judged while the other replica
-keeps serving the previous receipt.
+Two replicas on two kubelets (`k3:replicas: 2`; a kubelet holds one serving pod: the
+anti-affinity and the GPU request): the gate's canary is judged while the other replica
+keeps serving the previous receipt, rolls are watched for failed requests, and the
+PodDisruptionBudget meets a drain. `K3INFRA_E2E_NODES=1` (docs/e2e.md) runs one replica
+on one kubelet, a shorter lane for a quick look.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ NS = "kimi-k3"                       # the stack program's instance = its namesp
 STS = "kimi-k3"
 POD = f"{STS}-0"
 API_KEY = "e2e-node-key-0123456789abcdef"   # test-only
-REPLICAS = int(os.environ.get(NODES_ENV) or 1)   # one serving pod per node (1 or 2)
+REPLICAS = int(os.environ.get(NODES_ENV) or 2)   # one serving pod per node (1 or 2)
 
 # The node enforces NetworkPolicies (kube-router's controller): every pod of the stack runs
 # under the policies it renders, so a rule a path needs and the render lacks fails here.
@@ -928,11 +929,11 @@ def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
     engine variable added that the engine ignores: it differs from the candidate in its
     env, and its figures are this node's. C differs again, with figures (1 ms) no CPU
     meets. The tolerance is 100 %: two runs on these shared cores differ by tens of %.
-    One replica (CI): a kubelet holds one serving pod (its anti-affinity and GPU
-    request), so there is no spare replica to keep the previous receipt while the canary
-    is judged: the gate runs after the roll and fails loudly (docs/receipts.md). Two
-    (`K3INFRA_E2E_NODES=2`): the canary is the highest ordinal; the other replica keeps
-    serving the previous receipt until the gate passes, and through a refusal.
+    Two replicas (CI): the canary is the highest ordinal; the other replica keeps serving
+    the previous receipt until the gate passes, and through a refusal: no request through
+    the Service fails. One (`K3INFRA_E2E_NODES=1`): there is no spare replica to keep the
+    previous receipt while the canary is judged: the gate runs after the roll and fails
+    loudly (docs/receipts.md).
 
     The p99-vs-receipt alert follows the receipt: with C live, Prometheus (on the rule
     `pulumi up` rendered from C) sees it fire on the engine's own latency histogram; back
@@ -1003,8 +1004,8 @@ def test_a_receipt_change_rolls_behind_the_gate(stack, node, tmp_path):
     assert description.startswith("Receipt tiny-moe-cpu-e2e-b ") and state == "inactive"
 
 
-@pytest.mark.skipif(REPLICAS < 2, reason=f"two replicas need two nodes: {NODES_ENV}=2 "
-                    "(docs/e2e.md; CI runs one)")
+@pytest.mark.skipif(REPLICAS < 2, reason=f"two replicas need two nodes: {NODES_ENV}=1 "
+                    "runs one")
 def test_two_replicas_a_drain_that_would_take_both_is_refused(stack, node):
     """The rendered PodDisruptionBudget (maxUnavailable 1) with two replicas on two nodes:
     draining the second node evicts its replica, which cannot come back (its node is
