@@ -142,7 +142,7 @@ NOT_RUN: dict[str, list[str]] = {
         "pulumi config set k3:receipt kimi-k3-8xb300-vllm-recipe-candidate",
         "pulumi up --policy-pack policy/",
         # the surge of a spare node for a roll (the node tier runs two replicas on two
-        # kubelets on demand: K3INFRA_E2E_NODES=2, docs/e2e.md)
+        # kubelets: docs/e2e.md)
         "pulumi up --policy-pack policy/ --config k3:replicas=2 --config "
         "k3:receipt=receipts/my-k3-2026-12.yaml",
         "pulumi up --policy-pack policy/ --config k3:replicas=1",

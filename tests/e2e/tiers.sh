@@ -66,12 +66,13 @@ node_lane() { modules node "pulumi cluster kubernetes coredns netpol buildkit s3
 host_lane() { modules host "pulumi cluster kubernetes coredns netpol buildkit composecli" "${host[@]}"; }
 
 # Disk: the node and host lanes each hold a copy of the images (the engine image is 3.4 GB
-# packed, 6.7 GB unpacked: the registry's blobs, containerd's or Docker's store). Measured
-# at their largest on 2026-12-04: the stack on the node 14.7 GB, the host's
-# compose file 10.4 GB, the control plane 1.5 GB. Side by side they need
-# 32 GB free under $tmp; with less, the host lane runs after the node lane (the
-# same tests, longer), and with less than 18 GB a line says so before anything runs.
-parallel_gb=32 serial_gb=18
+# packed, 6.7 GB unpacked: the registry's blobs, containerd's or Docker's store; the
+# stack's two kubelets each have their own containerd). Measured at their largest: the
+# stack on two nodes 21 GB (2026-12-06), the host's compose file 10.4 GB, the control
+# plane 1.5 GB (2026-12-04). Side by side they need 40 GB free under $tmp; with less,
+# the host lane runs after the node lane (the same tests, longer), and with less than
+# 24 GB a line says so before anything runs.
+parallel_gb=40 serial_gb=24
 free_gb=$(( $(df -Pk "$tmp" | awk 'NR == 2 { print $4 }') / 1048576 ))
 declare -A lane_of
 if (( free_gb >= parallel_gb )); then
